@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Host set-up for drums, idempotent: every step checks whether its result is
+# already there and skips if so, so running it again costs seconds.
+#
+#   scripts/setup.sh          packages + CRIU 4.2.1 + release build + default image
+#
+# It writes no registry host name anywhere: the Debian mirror is derived from the
+# machine's own apt sources.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+state=${DRUMS_STATE_DIR:-/var/lib/drums}
+cache=$state/cache
+criu_version=4.2.1
+
+log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: must run as root (drums creates namespaces, mounts and cgroups)" >&2
+  exit 1
+fi
+
+# ---- Debian packages -------------------------------------------------------
+# Runtime: btrfs-progs (mkfs of the store), debootstrap (images), nftables (CRIU's
+# network lock), iproute2 (debugging only; drums itself speaks netlink).
+# CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
+# eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
+packages=(
+  btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
+  build-essential pkgconf git
+  libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev
+  libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
+  python3-protobuf
+  clang llvm libelf-dev zlib1g-dev bpftool
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- the Debian mirror, from the machine's own apt sources -----------------
+mirror_uri() {
+  # deb822 sources first (Debian 12's default), then one-line sources.
+  local u
+  u=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  if [ -z "$u" ]; then
+    u=$(grep -hE '^deb[[:space:]]' /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2; exit}' || true)
+  fi
+  [ -n "$u" ] || { echo "setup: no Debian mirror found in /etc/apt/sources.list*" >&2; exit 1; }
+  echo "${u%/}"
+}
+
+# ---- CRIU 4.2.1 from Debian's source package (sid) --------------------------
+# Bookworm's 3.17 fails on kernel 6.18 (SO_PASSCRED on listening sockets), and
+# sid's binary needs glibc 2.38, so build sid's orig tarball.
+have_criu() { command -v criu >/dev/null 2>&1 && criu --version 2>/dev/null | grep -q "Version: $criu_version"; }
+if ! have_criu; then
+  mkdir -p "$cache/criu"
+  tarball="$cache/criu/criu_${criu_version}.orig.tar.xz"
+  if [ ! -s "$tarball" ]; then
+    m=$(mirror_uri)
+    src=/etc/apt/sources.list.d/drums-sid-src.sources
+    log "adding a deb-src entry for sid from $m (source packages only)"
+    cat > "$src" <<SRC
+Types: deb-src
+URIs: $m
+Suites: sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    apt-get update -qq
+    # The packaging tarball of this version is missing on the mirror, so apt-get
+    # source exits non-zero after the orig tarball arrived; only that is needed.
+    (cd "$cache/criu" && apt-get source --download-only -qq "criu=${criu_version}-*" >/dev/null 2>&1 || true)
+    [ -s "$tarball" ] || (cd "$cache/criu" && apt-get source --download-only -qq criu >/dev/null 2>&1 || true)
+    [ -s "$tarball" ] || { echo "setup: could not download $tarball from the sid source package" >&2; exit 1; }
+  fi
+  log "building CRIU $criu_version (about 30 s)"
+  rm -rf "$cache/criu/build" && mkdir -p "$cache/criu/build"
+  tar -C "$cache/criu/build" --strip-components=1 -xf "$tarball"
+  make -C "$cache/criu/build" -j"$(nproc)" criu >"$cache/criu/build.log" 2>&1 \
+    || { tail -30 "$cache/criu/build.log" >&2; echo "setup: CRIU build failed, log: $cache/criu/build.log" >&2; exit 1; }
+  install -m 0755 "$cache/criu/build/criu/criu" /usr/local/sbin/criu
+  # Keep rpc.proto next to the binary's cache: the CRIU driver generates its
+  # message types from it at build time (never a committed copy).
+  install -D -m 0644 "$cache/criu/build/images/rpc.proto" /usr/local/share/criu/rpc.proto
+  hash -r
+fi
+have_criu || { echo "setup: criu --version does not report $criu_version" >&2; exit 1; }
+log "$(criu --version | head -1)"
+
+# ---- build drums -----------------------------------------------------------
+log "building drums (release)"
+(cd "$here" && cargo build --release --workspace --bins -q)
+
+# ---- the default image -------------------------------------------------------
+log "building the default image (debootstrap; cached after the first run)"
+"$here/target/release/drumsd" --state-dir "$state" image build default --mirror "$(mirror_uri)"
+log "ready"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test suite: unit tests everywhere, and the root integration tests that
+# start real drumsd daemons. Run through `make test`, which runs set-up first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "test: the integration tests need root (namespaces, mounts, cgroups); CI runs as root" >&2
+  exit 1
+fi
+# The integration tests run the workspace's binaries (drums, drums-init,
+# drums-guest) from the same target directory as the test's drumsd.
+cargo build --release --workspace --bins -q
+# Two at a time: each integration test runs its own daemon, and this machine
+# has two cores.
+cargo test --release --workspace -- --test-threads=2
