@@ -1,0 +1,236 @@
+//! The one narrow layer through which drums makes privileged system calls.
+//!
+//! Following youki's `Syscall` trait: session set-up code takes `&dyn Syscall`, so
+//! the order and arguments of its mounts, pivots and namespace calls can be unit
+//! tested without root through [`RecordingSyscall`], while [`LinuxSyscall`] does
+//! the real thing.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+
+pub use nix::mount::{MntFlags, MsFlags};
+pub use nix::sched::CloneFlags;
+pub use nix::sys::stat::{Mode, SFlag};
+
+/// A failed privileged call: which call, on what, and the errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {target}: {source}")]
+pub struct SysError {
+    pub op: &'static str,
+    pub target: String,
+    #[source]
+    pub source: nix::Error,
+}
+
+pub type Result<T> = std::result::Result<T, SysError>;
+
+fn err(op: &'static str, target: impl Into<String>) -> impl FnOnce(nix::Error) -> SysError {
+    let target = target.into();
+    move |source| SysError { op, target, source }
+}
+
+/// The privileged operations session set-up needs.
+pub trait Syscall {
+    fn mount(
+        &self,
+        source: Option<&str>,
+        target: &Path,
+        fstype: Option<&str>,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<()>;
+    fn umount2(&self, target: &Path, flags: MntFlags) -> Result<()>;
+    fn pivot_root(&self, new_root: &Path, put_old: &Path) -> Result<()>;
+    fn chdir(&self, path: &Path) -> Result<()>;
+    fn sethostname(&self, name: &str) -> Result<()>;
+    fn unshare(&self, flags: CloneFlags) -> Result<()>;
+    fn mknod(&self, path: &Path, kind: SFlag, perm: Mode, dev: u64) -> Result<()>;
+}
+
+/// The real system calls, through nix.
+pub struct LinuxSyscall;
+
+impl Syscall for LinuxSyscall {
+    fn mount(
+        &self,
+        source: Option<&str>,
+        target: &Path,
+        fstype: Option<&str>,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<()> {
+        nix::mount::mount(source, target, fstype, flags, data)
+            .map_err(err("mount", target.display().to_string()))
+    }
+    fn umount2(&self, target: &Path, flags: MntFlags) -> Result<()> {
+        nix::mount::umount2(target, flags).map_err(err("umount", target.display().to_string()))
+    }
+    fn pivot_root(&self, new_root: &Path, put_old: &Path) -> Result<()> {
+        nix::unistd::pivot_root(new_root, put_old)
+            .map_err(err("pivot_root", new_root.display().to_string()))
+    }
+    fn chdir(&self, path: &Path) -> Result<()> {
+        nix::unistd::chdir(path).map_err(err("chdir", path.display().to_string()))
+    }
+    fn sethostname(&self, name: &str) -> Result<()> {
+        nix::unistd::sethostname(name).map_err(err("sethostname", name))
+    }
+    fn unshare(&self, flags: CloneFlags) -> Result<()> {
+        nix::sched::unshare(flags).map_err(err("unshare", format!("{flags:?}")))
+    }
+    fn mknod(&self, path: &Path, kind: SFlag, perm: Mode, dev: u64) -> Result<()> {
+        nix::sys::stat::mknod(path, kind, perm, dev)
+            .map_err(err("mknod", path.display().to_string()))
+    }
+}
+
+/// One recorded call, with the arguments that matter for checking a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Mount {
+        source: Option<String>,
+        target: PathBuf,
+        fstype: Option<String>,
+        flags: MsFlags,
+        data: Option<String>,
+    },
+    Umount {
+        target: PathBuf,
+        flags: MntFlags,
+    },
+    PivotRoot {
+        new_root: PathBuf,
+        put_old: PathBuf,
+    },
+    Chdir(PathBuf),
+    Sethostname(String),
+    Unshare(CloneFlags),
+    Mknod {
+        path: PathBuf,
+        dev: u64,
+    },
+}
+
+/// Records calls instead of making them; optionally fails the n-th call of one kind,
+/// so error paths can be tested without root.
+#[derive(Default)]
+pub struct RecordingSyscall {
+    calls: RefCell<Vec<Call>>,
+    fail_on: RefCell<Option<(&'static str, nix::Error)>>,
+}
+
+impl RecordingSyscall {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Make every call named `op` ("mount", "pivot_root", ...) fail with `errno`.
+    pub fn fail(&self, op: &'static str, errno: nix::Error) {
+        *self.fail_on.borrow_mut() = Some((op, errno));
+    }
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.borrow().clone()
+    }
+    fn record(&self, op: &'static str, target: String, call: Call) -> Result<()> {
+        if let Some((f, e)) = *self.fail_on.borrow() {
+            if f == op {
+                return Err(SysError {
+                    op,
+                    target,
+                    source: e,
+                });
+            }
+        }
+        self.calls.borrow_mut().push(call);
+        Ok(())
+    }
+}
+
+impl Syscall for RecordingSyscall {
+    fn mount(
+        &self,
+        source: Option<&str>,
+        target: &Path,
+        fstype: Option<&str>,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<()> {
+        self.record(
+            "mount",
+            target.display().to_string(),
+            Call::Mount {
+                source: source.map(str::to_owned),
+                target: target.to_owned(),
+                fstype: fstype.map(str::to_owned),
+                flags,
+                data: data.map(str::to_owned),
+            },
+        )
+    }
+    fn umount2(&self, target: &Path, flags: MntFlags) -> Result<()> {
+        self.record(
+            "umount",
+            target.display().to_string(),
+            Call::Umount {
+                target: target.to_owned(),
+                flags,
+            },
+        )
+    }
+    fn pivot_root(&self, new_root: &Path, put_old: &Path) -> Result<()> {
+        self.record(
+            "pivot_root",
+            new_root.display().to_string(),
+            Call::PivotRoot {
+                new_root: new_root.to_owned(),
+                put_old: put_old.to_owned(),
+            },
+        )
+    }
+    fn chdir(&self, path: &Path) -> Result<()> {
+        self.record(
+            "chdir",
+            path.display().to_string(),
+            Call::Chdir(path.to_owned()),
+        )
+    }
+    fn sethostname(&self, name: &str) -> Result<()> {
+        self.record(
+            "sethostname",
+            name.to_owned(),
+            Call::Sethostname(name.to_owned()),
+        )
+    }
+    fn unshare(&self, flags: CloneFlags) -> Result<()> {
+        self.record("unshare", format!("{flags:?}"), Call::Unshare(flags))
+    }
+    fn mknod(&self, path: &Path, _kind: SFlag, _perm: Mode, dev: u64) -> Result<()> {
+        self.record(
+            "mknod",
+            path.display().to_string(),
+            Call::Mknod {
+                path: path.to_owned(),
+                dev,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_calls_in_order_and_injects_failures() {
+        let sys = RecordingSyscall::new();
+        sys.sethostname("a").unwrap();
+        sys.chdir(Path::new("/x")).unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![Call::Sethostname("a".into()), Call::Chdir("/x".into())]
+        );
+        sys.fail("chdir", nix::Error::EPERM);
+        let e = sys.chdir(Path::new("/y")).unwrap_err();
+        assert_eq!(e.to_string(), "chdir /y: EPERM: Operation not permitted");
+        assert_eq!(sys.calls().len(), 2, "a failed call is not recorded");
+    }
+}
