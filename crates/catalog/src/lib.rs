@@ -1,0 +1,540 @@
+//! The SQLite catalog: sessions, and the ownership ledger of every host resource
+//! drums creates.
+//!
+//! The ledger's rule is *record before create*: a row naming the resource is
+//! committed before the resource exists, and deleted only after the resource is
+//! gone. Whatever a crash leaves behind is therefore named in the ledger, and the
+//! daemon's sweep at start-up removes it. Removing a resource that a crash
+//! prevented from being created is a no-op, so over-recording is harmless.
+//!
+//! The schema is versioned with `PRAGMA user_version`; see [`SCHEMA_VERSION`].
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+/// The schema version this build reads and writes. A change to any table needs a
+/// bump and a step in [`migrate`]; see docs/formats.md.
+pub const SCHEMA_VERSION: i64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("open catalog {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("catalog schema version {found} is newer than this drums supports ({supported})")]
+    TooNew { found: i64, supported: i64 },
+    #[error("catalog {op}")]
+    Sql {
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("a session named {0:?} already exists")]
+    NameTaken(String),
+    #[error("no free address left in {0}")]
+    PoolExhausted(String),
+    #[error("decode {what} of session {id}")]
+    Decode {
+        what: &'static str,
+        id: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, CatalogError>;
+
+fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> CatalogError {
+    move |source| CatalogError::Sql { op, source }
+}
+
+/// What kind of host resource a ledger row names. The string forms are stored,
+/// so they are part of the on-disk format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceKind {
+    /// A directory drums made (removed recursively).
+    Dir,
+    /// A btrfs subvolume.
+    Subvolume,
+    /// A cgroup, named `parent/name`, in every hierarchy; its processes are killed on removal.
+    Cgroup,
+    /// A host network link (the host end of a veth, or the bridge).
+    Link,
+    /// A mount point on the host.
+    Mount,
+    /// A process, keyed `pid:starttime` so a recycled pid is never killed.
+    Process,
+}
+
+impl ResourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dir => "dir",
+            Self::Subvolume => "subvolume",
+            Self::Cgroup => "cgroup",
+            Self::Link => "link",
+            Self::Mount => "mount",
+            Self::Process => "process",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "dir" => Self::Dir,
+            "subvolume" => Self::Subvolume,
+            "cgroup" => Self::Cgroup,
+            "link" => Self::Link,
+            "mount" => Self::Mount,
+            "process" => Self::Process,
+            _ => return None,
+        })
+    }
+}
+
+/// A ledger row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub seq: i64,
+    /// A session id, or "daemon" for resources of the daemon itself.
+    pub owner: String,
+    pub kind: ResourceKind,
+    pub key: String,
+}
+
+/// A session as the catalog stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub id: String,
+    pub name: String,
+    pub profile: String,
+    pub image: String,
+    /// creating | running | removing
+    pub state: String,
+    pub hostname: String,
+    /// none | bridge
+    pub network: String,
+    pub ip: Option<String>,
+    pub mac: Option<String>,
+    /// The session's limits as JSON (owned by the session layer).
+    pub limits: serde_json::Value,
+    pub init_pid: Option<i32>,
+    pub created_at_ms: i64,
+}
+
+/// An IPv4 pool to allocate session addresses from: `base` is the network
+/// address, host offsets 2.. are handed out (1 is the bridge).
+#[derive(Debug, Clone, Copy)]
+pub struct IpPool {
+    pub base: std::net::Ipv4Addr,
+    pub prefix: u8,
+}
+
+pub struct Catalog {
+    conn: Mutex<Connection>,
+}
+
+impl Catalog {
+    pub fn open(path: &Path) -> Result<Catalog> {
+        let open_err = |source| CatalogError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        // WAL: readers (ps, get) never wait for a writer; synchronous=FULL because a
+        // ledger row that is lost in a power cut is a resource that leaks.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(open_err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(open_err)?;
+        migrate(&conn)?;
+        Ok(Catalog {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn in_memory() -> Result<Catalog> {
+        let conn = Connection::open_in_memory().map_err(sql("open in-memory"))?;
+        migrate(&conn)?;
+        Ok(Catalog {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite consistent (each call is one
+        // statement or one transaction), so a poisoned lock is safe to reuse.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // ---- ledger ------------------------------------------------------------
+
+    /// Record a resource *before* creating it. Recording the same (kind, key) twice
+    /// returns the existing row, so retries are safe.
+    pub fn record(&self, owner: &str, kind: ResourceKind, key: &str) -> Result<i64> {
+        let c = self.conn();
+        c.execute(
+            "INSERT INTO resources (owner, kind, key, created_at_ms) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (kind, key) DO NOTHING",
+            params![owner, kind.as_str(), key, now_ms()],
+        )
+        .map_err(sql("record resource"))?;
+        c.query_row(
+            "SELECT seq FROM resources WHERE kind = ?1 AND key = ?2",
+            params![kind.as_str(), key],
+            |r| r.get(0),
+        )
+        .map_err(sql("record resource"))
+    }
+
+    /// Forget a resource, *after* it is gone.
+    pub fn release(&self, seq: i64) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM resources WHERE seq = ?1", params![seq])
+            .map_err(sql("release resource"))?;
+        Ok(())
+    }
+
+    /// The resources of one owner, newest first: the order to remove them in.
+    pub fn owned_by(&self, owner: &str) -> Result<Vec<Resource>> {
+        self.resources("WHERE owner = ?1 ORDER BY seq DESC", params![owner])
+    }
+
+    /// Every resource, newest first.
+    pub fn all_resources(&self) -> Result<Vec<Resource>> {
+        self.resources("ORDER BY seq DESC", params![])
+    }
+
+    fn resources(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<Resource>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(&format!(
+                "SELECT seq, owner, kind, key FROM resources {tail}"
+            ))
+            .map_err(sql("list resources"))?;
+        let rows = st
+            .query_map(p, |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })
+            .map_err(sql("list resources"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, owner, kind, key) = row.map_err(sql("list resources"))?;
+            // An unknown kind can only come from a newer drums; the version check
+            // refuses such a catalog, so skipping is unreachable in practice.
+            if let Some(kind) = ResourceKind::parse(&kind) {
+                out.push(Resource {
+                    seq,
+                    owner,
+                    kind,
+                    key,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- sessions ----------------------------------------------------------
+
+    /// Insert a session in state `creating`, allocating its address from `pool`
+    /// (when given) in the same transaction, so two concurrent creates can never
+    /// get one name or one address.
+    pub fn insert_session(
+        &self,
+        mut rec: SessionRecord,
+        pool: Option<IpPool>,
+    ) -> Result<SessionRecord> {
+        let mut c = self.conn();
+        let tx = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql("begin insert session"))?;
+        let taken: bool = tx
+            .query_row(
+                "SELECT 1 FROM sessions WHERE name = ?1",
+                params![rec.name],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(sql("check session name"))?
+            .is_some();
+        if taken {
+            return Err(CatalogError::NameTaken(rec.name));
+        }
+        if let Some(pool) = pool {
+            let used: std::collections::HashSet<u32> = {
+                let mut st = tx
+                    .prepare("SELECT ip FROM sessions WHERE ip IS NOT NULL")
+                    .map_err(sql("list addresses"))?;
+                let ips = st
+                    .query_map([], |r| r.get::<_, String>(0))
+                    .map_err(sql("list addresses"))?
+                    .filter_map(|r| r.ok())
+                    .filter_map(|s| s.parse::<std::net::Ipv4Addr>().ok())
+                    .map(u32::from)
+                    .collect();
+                ips
+            };
+            let base = u32::from(pool.base);
+            let size = 1u32 << (32 - pool.prefix as u32);
+            // offset 0 is the network, 1 the bridge, size-1 the broadcast.
+            let ip = (2..size - 1)
+                .map(|off| base + off)
+                .find(|a| !used.contains(a))
+                .ok_or_else(|| {
+                    CatalogError::PoolExhausted(format!("{}/{}", pool.base, pool.prefix))
+                })?;
+            let ip = std::net::Ipv4Addr::from(ip);
+            let o = ip.octets();
+            rec.ip = Some(ip.to_string());
+            // Locally administered unicast MAC derived from the address: unique as
+            // long as the address is, and readable when debugging.
+            rec.mac = Some(format!(
+                "02:64:{:02x}:{:02x}:{:02x}:{:02x}",
+                o[0], o[1], o[2], o[3]
+            ));
+        }
+        tx.execute(
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
+                rec.limits.to_string(), rec.init_pid, rec.created_at_ms
+            ],
+        )
+        .map_err(sql("insert session"))?;
+        tx.commit().map_err(sql("commit insert session"))?;
+        Ok(rec)
+    }
+
+    pub fn set_session_state(&self, id: &str, state: &str, init_pid: Option<i32>) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE sessions SET state = ?2, init_pid = COALESCE(?3, init_pid) WHERE id = ?1",
+                params![id, state, init_pid],
+            )
+            .map_err(sql("update session"))?;
+        Ok(())
+    }
+
+    pub fn delete_session(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM sessions WHERE id = ?1", params![id])
+            .map_err(sql("delete session"))?;
+        Ok(())
+    }
+
+    /// A session by id or by name.
+    pub fn session(&self, id_or_name: &str) -> Result<Option<SessionRecord>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(&format!("{SELECT_SESSION} WHERE id = ?1 OR name = ?1"))
+            .map_err(sql("get session"))?;
+        let row = st
+            .query_row(params![id_or_name], row_to_raw)
+            .optional()
+            .map_err(sql("get session"))?;
+        row.map(decode).transpose()
+    }
+
+    pub fn sessions(&self) -> Result<Vec<SessionRecord>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(&format!("{SELECT_SESSION} ORDER BY created_at_ms, id"))
+            .map_err(sql("list sessions"))?;
+        let rows = st.query_map([], row_to_raw).map_err(sql("list sessions"))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(decode(r.map_err(sql("list sessions"))?)?);
+        }
+        Ok(out)
+    }
+}
+
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms FROM sessions";
+
+type Raw = (SessionRecord, String);
+
+fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
+    Ok((
+        SessionRecord {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            profile: r.get(2)?,
+            image: r.get(3)?,
+            state: r.get(4)?,
+            hostname: r.get(5)?,
+            network: r.get(6)?,
+            ip: r.get(7)?,
+            mac: r.get(8)?,
+            limits: serde_json::Value::Null,
+            init_pid: r.get(10)?,
+            created_at_ms: r.get(11)?,
+        },
+        r.get(9)?,
+    ))
+}
+
+fn decode((mut rec, limits): Raw) -> Result<SessionRecord> {
+    rec.limits = serde_json::from_str(&limits).map_err(|source| CatalogError::Decode {
+        what: "limits",
+        id: rec.id.clone(),
+        source,
+    })?;
+    Ok(rec)
+}
+
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql("read schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(CatalogError::TooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < 1 {
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE sessions (
+                 id TEXT PRIMARY KEY,
+                 name TEXT NOT NULL UNIQUE,
+                 profile TEXT NOT NULL,
+                 image TEXT NOT NULL,
+                 state TEXT NOT NULL,
+                 hostname TEXT NOT NULL,
+                 network TEXT NOT NULL,
+                 ip TEXT UNIQUE,
+                 mac TEXT,
+                 limits TEXT NOT NULL,
+                 init_pid INTEGER,
+                 created_at_ms INTEGER NOT NULL
+             );
+             CREATE TABLE resources (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 owner TEXT NOT NULL,
+                 kind TEXT NOT NULL,
+                 key TEXT NOT NULL,
+                 created_at_ms INTEGER NOT NULL,
+                 UNIQUE (kind, key)
+             );
+             CREATE INDEX resources_owner ON resources (owner);
+             PRAGMA user_version = 1;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 1"))?;
+    }
+    Ok(())
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, name: &str) -> SessionRecord {
+        SessionRecord {
+            id: id.into(),
+            name: name.into(),
+            profile: "headless".into(),
+            image: "default".into(),
+            state: "creating".into(),
+            hostname: name.into(),
+            network: "bridge".into(),
+            ip: None,
+            mac: None,
+            limits: serde_json::json!({"memory_bytes": 1}),
+            init_pid: None,
+            created_at_ms: 1,
+        }
+    }
+
+    const POOL: IpPool = IpPool {
+        base: std::net::Ipv4Addr::new(10, 9, 0, 0),
+        prefix: 29,
+    };
+
+    #[test]
+    fn names_are_unique_and_addresses_allocated_lowest_first() {
+        let c = Catalog::in_memory().unwrap();
+        let a = c.insert_session(rec("a", "one"), Some(POOL)).unwrap();
+        assert_eq!(a.ip.as_deref(), Some("10.9.0.2"));
+        assert_eq!(a.mac.as_deref(), Some("02:64:0a:09:00:02"));
+        let b = c.insert_session(rec("b", "two"), Some(POOL)).unwrap();
+        assert_eq!(b.ip.as_deref(), Some("10.9.0.3"));
+        assert!(
+            matches!(c.insert_session(rec("c", "one"), Some(POOL)), Err(CatalogError::NameTaken(n)) if n == "one")
+        );
+        c.delete_session("a").unwrap();
+        let d = c.insert_session(rec("d", "three"), Some(POOL)).unwrap();
+        assert_eq!(d.ip.as_deref(), Some("10.9.0.2"), "freed address is reused");
+        // /29: offsets 2..=6 usable
+        for (i, n) in ["x4", "x5", "x6"].iter().enumerate() {
+            c.insert_session(rec(&format!("e{i}"), n), Some(POOL))
+                .unwrap();
+        }
+        assert!(matches!(
+            c.insert_session(rec("f", "full"), Some(POOL)),
+            Err(CatalogError::PoolExhausted(_))
+        ));
+        assert_eq!(c.session("two").unwrap().unwrap().id, "b");
+        assert_eq!(
+            c.session("b").unwrap().unwrap().limits,
+            serde_json::json!({"memory_bytes": 1})
+        );
+        assert!(c.session("nope").unwrap().is_none());
+    }
+
+    #[test]
+    fn ledger_is_newest_first_and_idempotent() {
+        let c = Catalog::in_memory().unwrap();
+        let s1 = c.record("s", ResourceKind::Dir, "/a").unwrap();
+        let s2 = c.record("s", ResourceKind::Cgroup, "drums/s").unwrap();
+        assert_eq!(c.record("s", ResourceKind::Dir, "/a").unwrap(), s1);
+        c.record("daemon", ResourceKind::Mount, "/m").unwrap();
+        let owned: Vec<_> = c
+            .owned_by("s")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(owned, vec![s2, s1]);
+        c.release(s2).unwrap();
+        assert_eq!(c.owned_by("s").unwrap().len(), 1);
+        assert_eq!(c.all_resources().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.db");
+        drop(Catalog::open(&p).unwrap());
+        Connection::open(&p)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let e = Catalog::open(&p).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "catalog schema version 99 is newer than this drums supports (1)"
+        );
+    }
+}
