@@ -1,0 +1,372 @@
+//! Subvolume operations through the btrfs ioctls (linux/btrfs.h).
+//!
+//! These go straight to the kernel rather than forking `btrfs subvolume ...`, because
+//! they run on every session start, checkpoint and teardown.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
+
+use crate::StoreError;
+
+/// The inode number of every subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID).
+const SUBVOL_ROOT_INO: u64 = 256;
+/// The btrfs ioctl magic, 0x94.
+const BTRFS_IOCTL_MAGIC: u8 = 0x94;
+/// BTRFS_PATH_NAME_MAX: the name buffer of btrfs_ioctl_vol_args is this plus one.
+const PATH_NAME_MAX: usize = 4087;
+/// BTRFS_SUBVOL_NAME_MAX: the name buffer of btrfs_ioctl_vol_args_v2 is this plus one.
+const SUBVOL_NAME_MAX: usize = 4039;
+/// A subvolume is a directory entry, so its name is bounded by NAME_MAX like any other.
+const NAME_MAX: usize = 255;
+/// BTRFS_SUBVOL_RDONLY: the flag snapshot creation takes.
+const SUBVOL_RDONLY: u64 = 1 << 1;
+/// BTRFS_ROOT_SUBVOL_RDONLY (linux/btrfs_tree.h): the same property as stored in the
+/// root item, which is what GET_SUBVOL_INFO reports; a different bit.
+const ROOT_SUBVOL_RDONLY: u64 = 1 << 0;
+
+/// struct btrfs_ioctl_vol_args.
+#[repr(C)]
+pub(crate) struct VolArgs {
+    pub fd: i64,
+    pub name: [u8; PATH_NAME_MAX + 1],
+}
+
+/// struct btrfs_ioctl_vol_args_v2. The kernel's first union (`size` +
+/// `qgroup_inherit` / `unused[4]`) is flattened into `unused`, which is always zero
+/// here; the second union (`name` / `devid` / `subvolid`) is only ever used as `name`.
+#[repr(C)]
+pub(crate) struct VolArgsV2 {
+    pub fd: i64,
+    pub transid: u64,
+    pub flags: u64,
+    pub unused: [u64; 4],
+    pub name: [u8; SUBVOL_NAME_MAX + 1],
+}
+
+/// struct btrfs_ioctl_timespec.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IoctlTimespec {
+    pub sec: u64,
+    pub nsec: u32,
+}
+
+/// struct btrfs_ioctl_get_subvol_info_args.
+#[repr(C)]
+pub(crate) struct GetSubvolInfoArgs {
+    pub treeid: u64,
+    pub name: [u8; 256],
+    pub parent_id: u64,
+    pub dirid: u64,
+    pub generation: u64,
+    pub flags: u64,
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    pub received_uuid: [u8; 16],
+    pub ctransid: u64,
+    pub otransid: u64,
+    pub stransid: u64,
+    pub rtransid: u64,
+    pub ctime: IoctlTimespec,
+    pub otime: IoctlTimespec,
+    pub stime: IoctlTimespec,
+    pub rtime: IoctlTimespec,
+    pub reserved: [u64; 8],
+}
+
+// The ioctl numbers encode these sizes, so a layout mistake would turn into ENOTTY
+// (or worse, a different ioctl); the sizes below are what gcc reports for the
+// kernel headers.
+const _: () = assert!(std::mem::size_of::<VolArgs>() == 4096);
+const _: () = assert!(std::mem::size_of::<VolArgsV2>() == 4096);
+const _: () = assert!(std::mem::offset_of!(VolArgsV2, name) == 56);
+const _: () = assert!(std::mem::size_of::<GetSubvolInfoArgs>() == 504);
+const _: () = assert!(std::mem::offset_of!(GetSubvolInfoArgs, generation) == 280);
+const _: () = assert!(std::mem::offset_of!(GetSubvolInfoArgs, ctime) == 376);
+
+mod ioctl {
+    use super::{GetSubvolInfoArgs, VolArgs, VolArgsV2, BTRFS_IOCTL_MAGIC};
+
+    nix::ioctl_write_ptr!(subvol_create, BTRFS_IOCTL_MAGIC, 14, VolArgs);
+    nix::ioctl_write_ptr!(snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
+    nix::ioctl_write_ptr!(snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
+    nix::ioctl_read!(get_subvol_info, BTRFS_IOCTL_MAGIC, 60, GetSubvolInfoArgs);
+}
+
+/// What BTRFS_IOC_GET_SUBVOL_INFO reports about a subvolume, reduced to what the
+/// runtime has a use for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubvolumeInfo {
+    /// The subvolume's tree id.
+    pub id: u64,
+    /// The last transaction that changed the subvolume: unchanged generation means
+    /// unchanged contents, so a checkpoint can be skipped.
+    pub generation: u64,
+    /// Whether the subvolume is read-only (a read-only snapshot).
+    pub readonly: bool,
+    pub uuid: [u8; 16],
+    /// The uuid of the subvolume this one is a snapshot of; all zero if none.
+    pub parent_uuid: [u8; 16],
+}
+
+/// Create an empty subvolume at `path`, whose parent directory must be on btrfs and
+/// which must not exist yet.
+pub fn create_subvolume(path: &Path) -> Result<(), StoreError> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    let mut args = VolArgs {
+        fd: 0,
+        name: [0; PATH_NAME_MAX + 1],
+    };
+    args.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: `dir` is an open directory fd for the call's duration and `args` is a
+    // properly initialised btrfs_ioctl_vol_args (layout checked above) with a
+    // NUL-terminated name, which the kernel only reads.
+    unsafe { ioctl::subvol_create(dir.as_raw_fd(), &args) }.map_err(|errno| StoreError::Ioctl {
+        op: "create subvolume",
+        path: path.into(),
+        source: errno.into(),
+    })?;
+    tracing::debug!(path = %path.display(), "created subvolume");
+    Ok(())
+}
+
+/// Delete the subvolume at `path`. Returns `Ok(false)` if nothing is there. A
+/// subvolume that still contains nested subvolumes cannot be deleted (ENOTEMPTY).
+pub fn delete_subvolume(path: &Path) -> Result<bool, StoreError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(StoreError::Stat {
+                path: path.into(),
+                source,
+            })
+        }
+        Ok(_) if !is_subvolume(path) => return Err(StoreError::NotSubvolume { path: path.into() }),
+        Ok(_) => {}
+    }
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    let mut args = VolArgs {
+        fd: 0,
+        name: [0; PATH_NAME_MAX + 1],
+    };
+    args.name[..name.len()].copy_from_slice(name.as_bytes());
+    // A mount namespace of a session that just ended can still hold the subvolume
+    // (as an overlay layer or bind mount) for a moment while the kernel tears it
+    // down, which shows up as EBUSY; that clears up by itself, so wait a little.
+    const ATTEMPTS: u32 = 10;
+    for attempt in 1..=ATTEMPTS {
+        // SAFETY: `dir` is an open directory fd for the call's duration and `args`
+        // is a properly initialised btrfs_ioctl_vol_args with a NUL-terminated
+        // name, which the kernel only reads.
+        match unsafe { ioctl::snap_destroy(dir.as_raw_fd(), &args) } {
+            Ok(_) => {
+                tracing::debug!(path = %path.display(), "deleted subvolume");
+                return Ok(true);
+            }
+            // Someone else deleted it between our check and the ioctl.
+            Err(Errno::ENOENT) => return Ok(false),
+            Err(Errno::EBUSY) if attempt < ATTEMPTS => {
+                tracing::debug!(path = %path.display(), attempt, "subvolume busy, retrying");
+                std::thread::sleep(Duration::from_millis(20 * u64::from(attempt)));
+            }
+            Err(errno) => {
+                return Err(StoreError::Ioctl {
+                    op: "delete subvolume",
+                    path: path.into(),
+                    source: errno.into(),
+                })
+            }
+        }
+    }
+    unreachable!("the last attempt always returns")
+}
+
+/// Snapshot the subvolume `src` to the new path `dst` (O(1): the snapshot shares
+/// every extent with `src` until either side writes).
+pub fn snapshot(src: &Path, dst: &Path, readonly: bool) -> Result<(), StoreError> {
+    // The kernel answers a plain directory with EINVAL; say what is actually wrong.
+    if !is_subvolume(src) {
+        return Err(StoreError::NotSubvolume { path: src.into() });
+    }
+    let (parent, name) = split(dst)?;
+    let source = open_dir(src)?;
+    let dir = open_dir(parent)?;
+    let mut args = VolArgsV2 {
+        fd: i64::from(source.as_raw_fd()),
+        transid: 0,
+        flags: if readonly { SUBVOL_RDONLY } else { 0 },
+        unused: [0; 4],
+        name: [0; SUBVOL_NAME_MAX + 1],
+    };
+    args.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: `dir` and `source` are open fds for the call's duration and `args` is a
+    // properly initialised btrfs_ioctl_vol_args_v2 (layout checked above) with
+    // zeroed reserved fields and a NUL-terminated name, which the kernel only reads.
+    unsafe { ioctl::snap_create_v2(dir.as_raw_fd(), &args) }.map_err(|errno| {
+        StoreError::Snapshot {
+            src: src.into(),
+            dst: dst.into(),
+            source: errno.into(),
+        }
+    })?;
+    tracing::debug!(src = %src.display(), dst = %dst.display(), readonly, "created snapshot");
+    Ok(())
+}
+
+/// Whether `path` is the root directory of a btrfs subvolume. Inode 256 alone is not
+/// enough: other filesystems can have a directory with that number.
+pub fn is_subvolume(path: &Path) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    meta.is_dir()
+        && meta.ino() == SUBVOL_ROOT_INO
+        && statfs(path).is_ok_and(|s| s.filesystem_type() == BTRFS_SUPER_MAGIC)
+}
+
+/// Information about the subvolume whose root is at `path`.
+pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, StoreError> {
+    if !is_subvolume(path) {
+        return Err(StoreError::NotSubvolume { path: path.into() });
+    }
+    let dir = open_dir(path)?;
+    let zero = IoctlTimespec { sec: 0, nsec: 0 };
+    let mut args = GetSubvolInfoArgs {
+        treeid: 0,
+        name: [0; 256],
+        parent_id: 0,
+        dirid: 0,
+        generation: 0,
+        flags: 0,
+        uuid: [0; 16],
+        parent_uuid: [0; 16],
+        received_uuid: [0; 16],
+        ctransid: 0,
+        otransid: 0,
+        stransid: 0,
+        rtransid: 0,
+        ctime: zero,
+        otime: zero,
+        stime: zero,
+        rtime: zero,
+        reserved: [0; 8],
+    };
+    // SAFETY: `dir` is an open fd for the call's duration and `args` is a writable,
+    // properly sized btrfs_ioctl_get_subvol_info_args that the kernel fills in.
+    unsafe { ioctl::get_subvol_info(dir.as_raw_fd(), &mut args) }.map_err(|errno| {
+        StoreError::Ioctl {
+            op: "get subvolume info",
+            path: path.into(),
+            source: errno.into(),
+        }
+    })?;
+    Ok(SubvolumeInfo {
+        id: args.treeid,
+        generation: args.generation,
+        readonly: args.flags & ROOT_SUBVOL_RDONLY != 0,
+        uuid: args.uuid,
+        parent_uuid: args.parent_uuid,
+    })
+}
+
+/// The generation (last changing transaction) of the subvolume at `path`.
+pub fn subvolume_generation(path: &Path) -> Result<u64, StoreError> {
+    subvolume_info(path).map(|info| info.generation)
+}
+
+/// Split `path` into the directory the ioctl is issued on and the entry name it
+/// creates or removes there.
+fn split(path: &Path) -> Result<(&Path, &OsStr), StoreError> {
+    let invalid = |reason| StoreError::InvalidPath {
+        path: path.into(),
+        reason,
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| invalid("has no final name component"))?;
+    if name.len() > NAME_MAX {
+        return Err(invalid("final component is longer than 255 bytes"));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((parent, name))
+}
+
+fn open_dir(path: &Path) -> Result<File, StoreError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| StoreError::Open {
+            path: path.into(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_kernel_headers() {
+        // Values printed by a C program including linux/btrfs.h.
+        assert_eq!(
+            nix::request_code_write!(BTRFS_IOCTL_MAGIC, 14, std::mem::size_of::<VolArgs>()),
+            0x5000_940e
+        );
+        assert_eq!(
+            nix::request_code_write!(BTRFS_IOCTL_MAGIC, 15, std::mem::size_of::<VolArgs>()),
+            0x5000_940f
+        );
+        assert_eq!(
+            nix::request_code_write!(BTRFS_IOCTL_MAGIC, 23, std::mem::size_of::<VolArgsV2>()),
+            0x5000_9417
+        );
+        assert_eq!(
+            nix::request_code_read!(
+                BTRFS_IOCTL_MAGIC,
+                60,
+                std::mem::size_of::<GetSubvolInfoArgs>()
+            ),
+            0x81f8_943c
+        );
+    }
+
+    #[test]
+    fn split_rejects_paths_without_a_name() {
+        assert!(matches!(
+            split(Path::new("/")),
+            Err(StoreError::InvalidPath { .. })
+        ));
+        assert!(matches!(
+            split(Path::new("a/..")),
+            Err(StoreError::InvalidPath { .. })
+        ));
+        let long = "x".repeat(256);
+        assert!(matches!(
+            split(Path::new(&long)),
+            Err(StoreError::InvalidPath { .. })
+        ));
+        assert_eq!(
+            split(Path::new("a")).unwrap(),
+            (Path::new("."), OsStr::new("a"))
+        );
+        assert_eq!(
+            split(Path::new("/s/a")).unwrap(),
+            (Path::new("/s"), OsStr::new("a"))
+        );
+    }
+}

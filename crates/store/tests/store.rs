@@ -1,0 +1,255 @@
+//! Real btrfs stores on loop devices: these need root, /dev/loop-control and
+//! mkfs.btrfs, and a temp directory that is not itself on btrfs.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use drums_store::{
+    create_subvolume, delete_subvolume, is_subvolume, snapshot, subvolume_generation,
+    subvolume_info, Backing, Store, StoreError,
+};
+
+const GIB: u64 = 1 << 30;
+
+/// Unmounts whatever is still mounted at the store root when a test fails halfway,
+/// so a failure does not leave mounts and loop devices behind.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        while mounted_at(&self.0) {
+            if nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+fn mount_points() -> Vec<PathBuf> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(PathBuf::from))
+        .collect()
+}
+
+fn mounted_at(path: &Path) -> bool {
+    mount_points().iter().any(|m| m == path)
+}
+
+/// Loop devices whose backing file is `image`.
+fn loop_devices_of(image: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/sys/block").unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        if let Ok(backing) = fs::read_to_string(entry.path().join("loop/backing_file")) {
+            let backing = backing.trim_end();
+            let backing = backing.strip_suffix(" (deleted)").unwrap_or(backing);
+            if Path::new(backing) == image {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
+/// A temp dir on a non-btrfs filesystem, canonicalized like the store does.
+fn state_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = nix::sys::statfs::statfs(dir.path()).unwrap();
+    assert_ne!(
+        fs.filesystem_type(),
+        nix::sys::statfs::BTRFS_SUPER_MAGIC,
+        "these tests need a temp dir that is not on btrfs"
+    );
+    dir
+}
+
+fn assert_cleaned_up(root: &Path, image: &Path) {
+    assert!(!mounted_at(root), "{} still mounted", root.display());
+    assert_eq!(
+        loop_devices_of(image),
+        Vec::<String>::new(),
+        "loop device still attached"
+    );
+}
+
+#[test]
+fn loop_store_subvolumes_and_snapshots() {
+    let tmp = state_dir();
+    let state = fs::canonicalize(tmp.path()).unwrap();
+    let guard = MountGuard(state.join("store"));
+    let store = Store::open(&state, GIB).unwrap();
+    let root = store.root().to_path_buf();
+    assert_eq!(root, guard.0);
+    let image = state.join("store.img");
+    let Backing::Loop { image: img, device } = store.backing().clone() else {
+        panic!("expected a loop-backed store, got {:?}", store.backing());
+    };
+    assert_eq!(img, image);
+    assert!(device.to_string_lossy().starts_with("/dev/loop"));
+    assert!(mounted_at(&root));
+    assert_eq!(loop_devices_of(&image).len(), 1);
+    // Sparse: 1 GiB apparent, far less allocated.
+    let meta = fs::metadata(&image).unwrap();
+    assert_eq!(meta.len(), GIB);
+    assert!(std::os::unix::fs::MetadataExt::blocks(&meta) * 512 < GIB / 4);
+
+    // A subvolume with a file in it.
+    let upper = root.join("upper");
+    create_subvolume(&upper).unwrap();
+    assert!(is_subvolume(&upper));
+    fs::write(upper.join("file"), b"hello").unwrap();
+    let gen_before = subvolume_generation(&upper).unwrap();
+    assert!(gen_before > 0);
+
+    // Read-only snapshot: same contents, no writes.
+    let ro = root.join("ro");
+    snapshot(&upper, &ro, true).unwrap();
+    assert!(is_subvolume(&ro));
+    assert_eq!(fs::read(ro.join("file")).unwrap(), b"hello");
+    let err = fs::File::create(ro.join("new")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let err = fs::OpenOptions::new()
+        .append(true)
+        .open(ro.join("file"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let upper_info = subvolume_info(&upper).unwrap();
+    let ro_info = subvolume_info(&ro).unwrap();
+    assert!(ro_info.readonly);
+    assert!(!upper_info.readonly);
+    assert_eq!(ro_info.parent_uuid, upper_info.uuid);
+    assert_ne!(ro_info.id, upper_info.id);
+
+    // A writable snapshot of the read-only one (how a checkpoint is restored).
+    let rw = root.join("rw");
+    snapshot(&ro, &rw, false).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(rw.join("file"))
+        .unwrap()
+        .write_all(b" world")
+        .unwrap();
+    fs::write(rw.join("new"), b"x").unwrap();
+    assert_eq!(fs::read(rw.join("file")).unwrap(), b"hello world");
+    assert_eq!(fs::read(ro.join("file")).unwrap(), b"hello");
+
+    // Writing to the original moves its generation on once committed.
+    fs::write(upper.join("file2"), b"more").unwrap();
+    let dir = fs::File::open(&upper).unwrap();
+    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
+    // An open fd would keep the filesystem busy at close.
+    drop(dir);
+    assert!(subvolume_generation(&upper).unwrap() > gen_before);
+
+    // Errors name what went wrong.
+    let plain = root.join("plain");
+    fs::create_dir(&plain).unwrap();
+    assert!(!is_subvolume(&plain));
+    assert!(matches!(
+        delete_subvolume(&plain),
+        Err(StoreError::NotSubvolume { .. })
+    ));
+    let err = snapshot(&plain, &root.join("nope"), true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("{} is not a btrfs subvolume", plain.display())
+    );
+    let err = snapshot(&upper, &ro, true).unwrap_err();
+    assert!(matches!(err, StoreError::Snapshot { .. }), "{err}");
+    assert!(!is_subvolume(&state), "ext4 dirs are never subvolumes");
+    let err = create_subvolume(&state.join("on-ext4")).unwrap_err();
+    assert!(matches!(err, StoreError::Ioctl { .. }), "{err}");
+
+    // Delete everything, including the read-only snapshot.
+    for path in [&upper, &ro, &rw] {
+        assert!(delete_subvolume(path).unwrap(), "{}", path.display());
+        assert!(!path.exists());
+        assert!(
+            !delete_subvolume(path).unwrap(),
+            "second delete reports absent"
+        );
+    }
+
+    store.close().unwrap();
+    assert_cleaned_up(&root, &image);
+    drop(guard);
+}
+
+#[test]
+fn reopen_reuses_a_mount_left_by_a_crash() {
+    let tmp = state_dir();
+    let state = fs::canonicalize(tmp.path()).unwrap();
+    let root = state.join("store");
+    let image = state.join("store.img");
+    let _guard = MountGuard(root.clone());
+
+    let first = Store::open(&state, GIB).unwrap();
+    create_subvolume(&first.root().join("kept")).unwrap();
+    fs::write(first.root().join("kept/file"), b"still here").unwrap();
+    let first_backing = first.backing().clone();
+    // A crashed daemon never closes its store.
+    drop(first);
+
+    let second = Store::open(&state, GIB).unwrap();
+    assert_eq!(second.backing(), &first_backing);
+    assert_eq!(
+        mount_points().iter().filter(|m| **m == root).count(),
+        1,
+        "reopening must not stack a second mount"
+    );
+    assert_eq!(loop_devices_of(&image).len(), 1);
+    assert!(is_subvolume(&root.join("kept")));
+    assert_eq!(fs::read(root.join("kept/file")).unwrap(), b"still here");
+    second.close().unwrap();
+    assert_cleaned_up(&root, &image);
+
+    // After a clean close, opening again mounts the existing image, contents intact.
+    let third = Store::open(&state, GIB).unwrap();
+    assert_eq!(fs::read(root.join("kept/file")).unwrap(), b"still here");
+    assert!(delete_subvolume(&root.join("kept")).unwrap());
+    third.close().unwrap();
+    assert_cleaned_up(&root, &image);
+}
+
+#[test]
+fn state_dir_on_btrfs_is_used_natively() {
+    let tmp = state_dir();
+    let state = fs::canonicalize(tmp.path()).unwrap();
+    let _guard = MountGuard(state.join("store"));
+    let outer = Store::open(&state, GIB).unwrap();
+
+    // The outer store's root is on btrfs, so a store inside it needs no image.
+    let inner_state = outer.root().join("state");
+    let inner = Store::open(&inner_state, GIB).unwrap();
+    assert_eq!(inner.backing(), &Backing::Native);
+    assert_eq!(inner.root(), inner_state.join("store"));
+    assert!(inner.root().is_dir());
+    assert!(!inner_state.join("store.img").exists());
+    let sub = inner.root().join("s");
+    create_subvolume(&sub).unwrap();
+    assert!(is_subvolume(&sub));
+    inner.close().unwrap();
+    assert!(sub.exists(), "closing a native store leaves it alone");
+    assert!(delete_subvolume(&sub).unwrap());
+
+    outer.close().unwrap();
+    assert_cleaned_up(&state.join("store"), &state.join("store.img"));
+}
+
+#[test]
+fn tiny_image_is_refused_before_mkfs() {
+    let tmp = state_dir();
+    let err = Store::open(tmp.path(), 1 << 20).unwrap_err();
+    assert!(matches!(err, StoreError::ImageTooSmall { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "store image size 1048576 bytes is below the minimum of 128 MiB"
+    );
+}
