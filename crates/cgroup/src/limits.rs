@@ -1,0 +1,110 @@
+//! Resource limits of a session and their validation.
+
+/// The smallest memory limit accepted: below this a shell and a few tools do not
+/// start, and the session would die of OOM kills in ways that are hard to explain.
+pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
+/// PID_MAX_LIMIT on 64-bit kernels: pids.max rejects anything larger.
+pub const MAX_PIDS: u64 = 4 << 20;
+/// The smallest CPU share: cpu.cfs_quota_us (and cpu.max) refuse quotas under
+/// 1 ms, which is 0.01 of the 100 ms period used here.
+pub const MIN_CPUS: f64 = 0.01;
+
+/// Resource limits of one session; `None` leaves a resource unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub pids_max: Option<u64>,
+    /// CPU time as a number of CPUs (0.5 = half of one CPU), enforced as a CFS quota.
+    pub cpus: Option<f64>,
+}
+
+/// Why a [`Limits`] value was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("memory limit {bytes} bytes is below the minimum of 8 MiB")]
+    MemoryTooSmall { bytes: u64 },
+    #[error("pids limit {pids} is below the minimum of 1")]
+    PidsTooSmall { pids: u64 },
+    #[error("pids limit {pids} exceeds the maximum of {max}", max = MAX_PIDS)]
+    PidsTooLarge { pids: u64 },
+    #[error("cpu limit {cpus} is not a finite number")]
+    CpusNotFinite { cpus: f64 },
+    #[error("cpu limit {cpus} is below the minimum of 0.01")]
+    CpusTooSmall { cpus: f64 },
+    #[error("cpu limit {cpus} exceeds the {host} cpus of this host")]
+    CpusTooLarge { cpus: f64, host: u64 },
+}
+
+impl Limits {
+    /// Check the limits against what the kernel accepts and what this host has.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        self.validate_for(host_cpus())
+    }
+
+    /// [`Limits::validate`] for a host with `host_cpus` CPUs.
+    pub fn validate_for(&self, host_cpus: u64) -> Result<(), LimitsError> {
+        if let Some(bytes) = self.memory_bytes {
+            if bytes < MIN_MEMORY_BYTES {
+                return Err(LimitsError::MemoryTooSmall { bytes });
+            }
+        }
+        if let Some(pids) = self.pids_max {
+            if pids < 1 {
+                return Err(LimitsError::PidsTooSmall { pids });
+            }
+            if pids > MAX_PIDS {
+                return Err(LimitsError::PidsTooLarge { pids });
+            }
+        }
+        if let Some(cpus) = self.cpus {
+            if !cpus.is_finite() {
+                return Err(LimitsError::CpusNotFinite { cpus });
+            }
+            if cpus < MIN_CPUS {
+                return Err(LimitsError::CpusTooSmall { cpus });
+            }
+            // A quota above the host's CPU count limits nothing; refusing it tells
+            // the caller their request cannot be met rather than silently ignoring it.
+            if cpus > host_cpus as f64 {
+                return Err(LimitsError::CpusTooLarge {
+                    cpus,
+                    host: host_cpus,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The CFS quota in microseconds per [`CPU_PERIOD_US`] for `cpus`.
+    pub(crate) fn cpu_quota_us(cpus: f64) -> u64 {
+        ((cpus * CPU_PERIOD_US as f64).round() as u64).max(1000)
+    }
+}
+
+/// The CFS period: 100 ms, the kernel's default.
+pub(crate) const CPU_PERIOD_US: u64 = 100_000;
+
+/// CPUs online on the host (not the daemon's affinity or quota: sessions are
+/// limited against the machine, not against the daemon).
+pub fn host_cpus() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions; it only reads a value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as u64
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_rounds_and_respects_the_kernel_minimum() {
+        assert_eq!(Limits::cpu_quota_us(0.5), 50_000);
+        assert_eq!(Limits::cpu_quota_us(2.0), 200_000);
+        assert_eq!(Limits::cpu_quota_us(0.01), 1_000);
+        assert_eq!(Limits::cpu_quota_us(0.012_345), 1_235);
+    }
+}
