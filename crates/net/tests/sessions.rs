@@ -1,0 +1,509 @@
+//! Real (root, no mocks) tests of drums-net: a bridge, two session namespaces
+//! held by `sleep` children, veth pairs into them, and TCP between host and
+//! sessions. Traffic only ever goes to the test's own 10.254.x.0/24 addresses
+//! inside namespaces these tests create.
+//!
+//! Every test owns a random link-name prefix; its [`Fixture`] kills the
+//! children, deletes the bridge and then checks that no link with that prefix
+//! is left on the host, also when the test fails.
+
+use std::collections::hash_map::RandomState;
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use drums_net::rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use drums_net::rtnetlink::packet_route::link::{
+    InfoBridgePort, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use drums_net::rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteScope,
+};
+use drums_net::rtnetlink::{self, LinkUnspec, RouteMessageBuilder};
+use drums_net::{get_link, in_netns, loopback_up, Net, NetError, VethSpec};
+use futures::TryStreamExt;
+use nix::sched::{setns, unshare, CloneFlags};
+
+fn random_u64() -> u64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// A /24 under 10.254.0.0/16 that no other test of this run uses.
+fn next_subnet_octet() -> u8 {
+    static START: OnceLock<u8> = OnceLock::new();
+    static NEXT: AtomicU8 = AtomicU8::new(0);
+    let start = *START.get_or_init(|| (random_u64() % 200) as u8);
+    start + NEXT.fetch_add(1, Ordering::Relaxed) % 50 + 1
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `f` on a thread that joined the network namespace of `pid`; sockets it
+/// creates stay in that namespace.
+fn in_ns_blocking<T: Send + 'static>(pid: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let ns = File::open(format!("/proc/{pid}/ns/net")).unwrap();
+        setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+struct Fixture {
+    prefix: String,
+    bridge: String,
+    octet: u8,
+    children: Vec<Child>,
+    /// Sockets inside session namespaces keep those namespaces (and their
+    /// veths) alive, so they are dropped before the leak check.
+    listeners: Vec<TcpListener>,
+    finished: bool,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        // "drumst" + 6 hex = 12 chars; links are prefix + 2 chars <= 15.
+        let prefix = format!("drumst{:06x}", random_u64() & 0xff_ffff);
+        Fixture {
+            bridge: format!("{prefix}br"),
+            prefix,
+            octet: next_subnet_octet(),
+            children: Vec::new(),
+            listeners: Vec::new(),
+            finished: false,
+        }
+    }
+
+    fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 254, self.octet, 1)
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 254, self.octet, host)
+    }
+
+    /// Starts a `sleep` that is in a fresh network namespace by the time this
+    /// returns (the unshare happens before exec, and spawn waits for exec).
+    fn spawn_session(&mut self) -> i32 {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("60")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes the unshare(2) system call, which is async-signal-safe and
+        // does not allocate or take locks.
+        unsafe {
+            cmd.pre_exec(|| unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from));
+        }
+        let child = cmd.spawn().expect("spawn sleep in new netns");
+        let pid = child.id() as i32;
+        self.children.push(child);
+        pid
+    }
+
+    fn spec(&self, suffix: &str, pid: i32, host: u8, default_route: bool) -> VethSpec {
+        VethSpec {
+            host_name: format!("{}{suffix}", self.prefix),
+            bridge: self.bridge.clone(),
+            netns_pid: pid,
+            mac: [0x02, 0xd7, 0x00, 0x00, self.octet, host],
+            ip: self.ip(host),
+            prefix: 24,
+            gateway: self.gateway(),
+            default_route,
+        }
+    }
+
+    /// Kills the children, deletes the bridge, and waits for the session
+    /// namespaces (and with them the veths) to go away. Returns the links with
+    /// the test's prefix that were still there; those are then deleted so a
+    /// failing test does not litter the host.
+    fn cleanup(&mut self) -> Vec<String> {
+        self.finished = true;
+        self.listeners.clear();
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.children.clear();
+        runtime().block_on(async {
+            let net = Net::new().await.expect("netlink connection for cleanup");
+            net.delete_link(&self.bridge).await.expect("delete bridge");
+            // Namespace teardown after the last process exits is done by the
+            // kernel asynchronously, so give the veths a moment to vanish.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = net.links_with_prefix(&self.prefix).await.unwrap();
+                if left.is_empty() || Instant::now() > deadline {
+                    for name in &left {
+                        let _ = net.delete_link(name).await;
+                    }
+                    return left;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    }
+
+    /// Cleans up and asserts that nothing leaked.
+    fn finish(mut self) {
+        let left = self.cleanup();
+        assert!(left.is_empty(), "links leaked on the host: {left:?}");
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if !self.finished {
+            let left = self.cleanup();
+            if !left.is_empty() {
+                eprintln!("links leaked on the host (deleted now): {left:?}");
+            }
+        }
+    }
+}
+
+fn netlink_err(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> NetError {
+    move |source| NetError::Netlink {
+        op,
+        link: "test".into(),
+        source,
+    }
+}
+
+/// What a session namespace looks like from inside.
+struct Inside {
+    eth0: Option<LinkMessage>,
+    lo: LinkMessage,
+    eth0_addrs: Vec<AddressMessage>,
+    routes: Vec<RouteMessage>,
+}
+
+async fn look_inside(pid: i32) -> Inside {
+    in_netns(pid, |h| async move {
+        let eth0 = get_link(&h, "eth0").await?;
+        let lo = get_link(&h, "lo").await?.expect("lo exists");
+        let mut eth0_addrs = Vec::new();
+        if let Some(eth0) = &eth0 {
+            eth0_addrs = h
+                .address()
+                .get()
+                .set_link_index_filter(eth0.header.index)
+                .execute()
+                .try_collect()
+                .await
+                .map_err(netlink_err("list addresses"))?;
+        }
+        let routes = h
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink_err("list routes"))?;
+        Ok(Inside {
+            eth0,
+            lo,
+            eth0_addrs,
+            routes,
+        })
+    })
+    .await
+    .expect("look inside session netns")
+}
+
+fn is_up(link: &LinkMessage) -> bool {
+    link.header.flags.contains(LinkFlags::Up)
+}
+
+fn mac_of(link: &LinkMessage) -> Option<Vec<u8>> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Address(m) => Some(m.clone()),
+        _ => None,
+    })
+}
+
+fn v4_addrs(addrs: &[AddressMessage]) -> Vec<(Ipv4Addr, u8)> {
+    addrs
+        .iter()
+        .filter_map(|m| {
+            m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(std::net::IpAddr::V4(ip)) => {
+                    Some((*ip, m.header.prefix_len))
+                }
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+fn default_gateway(routes: &[RouteMessage]) -> Option<Ipv4Addr> {
+    routes
+        .iter()
+        .filter(|r| r.header.destination_prefix_length == 0)
+        .find_map(|r| {
+            r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(RouteAddress::Inet(gw)) => Some(*gw),
+                _ => None,
+            })
+        })
+}
+
+fn port_is_isolated(link: &LinkMessage) -> bool {
+    link.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().any(|i| match i {
+            LinkInfo::PortData(InfoPortData::BridgePort(opts)) => {
+                opts.contains(&InfoBridgePort::Isolated(true))
+            }
+            _ => false,
+        }),
+        _ => false,
+    })
+}
+
+fn controller(link: &LinkMessage) -> Option<u32> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Controller(i) => Some(*i),
+        _ => None,
+    })
+}
+
+const PORT: u16 = 18080;
+
+#[test]
+fn two_sessions_reach_host_but_not_each_other() {
+    let rt = runtime();
+    let mut fx = Fixture::new();
+    let net = rt.block_on(Net::new()).unwrap();
+    let gw = fx.gateway();
+
+    let br = rt
+        .block_on(net.ensure_bridge(&fx.bridge, gw, 24))
+        .expect("create bridge");
+    // Idempotent: a second call finds the bridge and its address.
+    assert_eq!(
+        rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24)).unwrap(),
+        br
+    );
+
+    let pid_a = fx.spawn_session();
+    let pid_b = fx.spawn_session();
+    let spec_a = fx.spec("va", pid_a, 2, true);
+    let spec_b = fx.spec("vb", pid_b, 3, false);
+    rt.block_on(net.create_session_veth(&spec_a))
+        .expect("veth a");
+    rt.block_on(net.create_session_veth(&spec_b))
+        .expect("veth b");
+
+    let mut names = rt.block_on(net.links_with_prefix(&fx.prefix)).unwrap();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            fx.bridge.clone(),
+            spec_a.host_name.clone(),
+            spec_b.host_name.clone()
+        ]
+    );
+
+    // Host ends: enslaved, isolated, up.
+    for spec in [&spec_a, &spec_b] {
+        let host_end = rt
+            .block_on(get_link(net.handle(), &spec.host_name))
+            .unwrap()
+            .expect("host end exists");
+        assert_eq!(
+            controller(&host_end),
+            Some(br),
+            "{} enslaved",
+            spec.host_name
+        );
+        assert!(port_is_isolated(&host_end), "{} isolated", spec.host_name);
+        assert!(is_up(&host_end), "{} up", spec.host_name);
+    }
+
+    // Inside: eth0 with MAC, address and up; lo up; default route only for A.
+    for spec in [&spec_a, &spec_b] {
+        let inside = rt.block_on(look_inside(spec.netns_pid));
+        let eth0 = inside.eth0.expect("eth0 in session");
+        assert_eq!(mac_of(&eth0), Some(spec.mac.to_vec()));
+        assert!(is_up(&eth0), "eth0 up");
+        assert!(is_up(&inside.lo), "lo up");
+        assert_eq!(v4_addrs(&inside.eth0_addrs), vec![(spec.ip, 24)]);
+        let expected_gw = spec.default_route.then_some(gw);
+        assert_eq!(default_gateway(&inside.routes), expected_gw);
+    }
+
+    // A listener in each session on its own address, and one on the host's
+    // bridge address. The kernel completes handshakes into the backlog, so no
+    // accept loop is needed.
+    for spec in [&spec_a, &spec_b] {
+        let ip = spec.ip;
+        let l = in_ns_blocking(spec.netns_pid, move || TcpListener::bind((ip, PORT)))
+            .expect("listen in session");
+        fx.listeners.push(l);
+    }
+    let host_listener = TcpListener::bind((gw, 0)).expect("listen on bridge address");
+    let host_addr = host_listener.local_addr().unwrap();
+
+    let ok = Duration::from_secs(3);
+    for spec in [&spec_a, &spec_b] {
+        let to = SocketAddr::from((spec.ip, PORT));
+        TcpStream::connect_timeout(&to, ok).unwrap_or_else(|e| panic!("host -> {to}: {e}"));
+        let from_session = in_ns_blocking(spec.netns_pid, move || {
+            TcpStream::connect_timeout(&host_addr, ok).map(drop)
+        });
+        from_session.unwrap_or_else(|e| panic!("session {} -> host {host_addr}: {e}", spec.ip));
+    }
+
+    // Isolated ports: no ARP and no traffic between sessions.
+    let short = Duration::from_millis(500);
+    for (from, to) in [(&spec_a, &spec_b), (&spec_b, &spec_a)] {
+        let target = SocketAddr::from((to.ip, PORT));
+        let res = in_ns_blocking(from.netns_pid, move || {
+            TcpStream::connect_timeout(&target, short).map(drop)
+        });
+        assert!(
+            res.is_err(),
+            "session {} reached session {}",
+            from.ip,
+            to.ip
+        );
+    }
+
+    drop(host_listener);
+    fx.finish();
+}
+
+#[test]
+fn missing_pid_fails_and_leaves_nothing() {
+    let rt = runtime();
+    let fx = Fixture::new();
+    let net = rt.block_on(Net::new()).unwrap();
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+        .unwrap();
+
+    // Above any possible pid_max (2^22).
+    let spec = fx.spec("vx", i32::MAX - 7, 2, true);
+    let err = rt
+        .block_on(net.create_session_veth(&spec))
+        .expect_err("no such pid");
+    assert!(matches!(err, NetError::OpenNetns { .. }), "{err:?}");
+    assert!(!rt.block_on(net.link_exists(&spec.host_name)).unwrap());
+    assert_eq!(
+        rt.block_on(net.links_with_prefix(&fx.prefix)).unwrap(),
+        vec![fx.bridge.clone()]
+    );
+    fx.finish();
+}
+
+#[test]
+fn failure_after_veth_creation_rolls_back() {
+    let rt = runtime();
+    let mut fx = Fixture::new();
+    let net = rt.block_on(Net::new()).unwrap();
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+        .unwrap();
+    let pid = fx.spawn_session();
+
+    // A default route that already exists inside the session makes the very
+    // last step (adding ours) fail, after the pair exists and is configured.
+    rt.block_on(in_netns(pid, |h| async move {
+        let lo = get_link(&h, "lo").await?.expect("lo").header.index;
+        h.link()
+            .change(LinkUnspec::new_with_index(lo).up().build())
+            .execute()
+            .await
+            .map_err(netlink_err("set lo up"))?;
+        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+            .output_interface(lo)
+            .scope(RouteScope::Link)
+            .build();
+        h.route()
+            .add(route)
+            .execute()
+            .await
+            .map_err(netlink_err("add conflicting route"))
+    }))
+    .expect("pre-existing default route");
+    let spec = fx.spec("vr", pid, 2, true);
+    let err = rt
+        .block_on(net.create_session_veth(&spec))
+        .expect_err("default route exists");
+    assert!(
+        matches!(
+            err,
+            NetError::Netlink {
+                op: "add default route",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!rt.block_on(net.link_exists(&spec.host_name)).unwrap());
+    assert!(
+        rt.block_on(look_inside(pid)).eth0.is_none(),
+        "eth0 left in session"
+    );
+
+    // Without the default route the same spec works in the same namespace.
+    let spec = fx.spec("vr", pid, 2, false);
+    rt.block_on(net.create_session_veth(&spec)).expect("retry");
+    assert!(rt.block_on(net.link_exists(&spec.host_name)).unwrap());
+    fx.finish();
+}
+
+#[test]
+fn loopback_up_and_host_namespace_refused() {
+    let rt = runtime();
+    let mut fx = Fixture::new();
+    let pid = fx.spawn_session();
+    assert!(!is_up(&rt.block_on(look_inside(pid)).lo));
+    rt.block_on(loopback_up(pid)).expect("loopback up");
+    assert!(is_up(&rt.block_on(look_inside(pid)).lo));
+
+    // Our own pid is in the host namespace: never configure that.
+    let err = rt
+        .block_on(loopback_up(std::process::id() as i32))
+        .expect_err("host namespace");
+    assert!(matches!(err, NetError::HostNetns { .. }), "{err:?}");
+    fx.finish();
+}
+
+#[test]
+fn delete_missing_link_is_ok_false() {
+    let rt = runtime();
+    let fx = Fixture::new();
+    let net = rt.block_on(Net::new()).unwrap();
+    let name = format!("{}zz", fx.prefix);
+    assert!(!rt.block_on(net.link_exists(&name)).unwrap());
+    assert!(!rt.block_on(net.delete_link(&name)).unwrap());
+
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+        .unwrap();
+    assert!(rt.block_on(net.link_exists(&fx.bridge)).unwrap());
+    assert!(rt.block_on(net.delete_link(&fx.bridge)).unwrap());
+    assert!(!rt.block_on(net.link_exists(&fx.bridge)).unwrap());
+    fx.finish();
+}
