@@ -1,0 +1,54 @@
+//! The messages between drumsd and drums-init. They live only on a pipe between
+//! two binaries of the same build, so they carry no version.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything stage 0 and stage 1 need; written by drumsd as one JSON line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InitConfig {
+    pub session_id: String,
+    pub hostname: String,
+    /// 32 lowercase hex digits, written to /etc/machine-id.
+    pub machine_id: String,
+    /// The session's address, for /etc/hosts.
+    pub ip: Option<String>,
+    /// Every cgroup.procs file the session must join before it unshares.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Overlay layers: the image (read-only), and the session's upper and work
+    /// directories on its btrfs subvolume.
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// An empty host directory the root is assembled on; the mount exists only in
+    /// the session's mount namespace.
+    pub root: PathBuf,
+    /// Host directory holding drums-init and drums-guest, bind-mounted read-only.
+    pub bin_dir: PathBuf,
+    /// Test-only: fail at this step ("init.cgroup", "init.unshare", "init.mount",
+    /// "init.pivot", "init.exec").
+    #[serde(default)]
+    pub fault: Option<String>,
+}
+
+/// What drums-init reports on stdout, one JSON line each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// Stage 0: the host pid of the session's PID 1.
+    Pid(i32),
+    /// Stage 1: the root is built and the network is in place; stage 2 starts.
+    Ok,
+    /// Any stage: what failed, with the failing operation named.
+    Error(String),
+}
+
+impl InitConfig {
+    pub(crate) fn check_fault(&self, point: &str) -> Result<(), crate::InitError> {
+        match &self.fault {
+            Some(f) if f == point => Err(crate::InitError::Injected(point.to_owned())),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Building the session's root file system. The mounts are a plan (data) applied
+//! through [`drums_sys::Syscall`], so their order is unit-tested without root.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use drums_sys::{MntFlags, Mode, MsFlags, SFlag, Syscall};
+
+use crate::{io, InitConfig, InitError, BIN_DIR};
+
+/// One mount of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountStep {
+    pub source: Option<String>,
+    pub target: PathBuf,
+    pub fstype: Option<String>,
+    pub flags: MsFlags,
+    pub data: Option<String>,
+}
+
+fn step(
+    source: &str,
+    target: PathBuf,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> MountStep {
+    MountStep {
+        source: Some(source.to_owned()),
+        target,
+        fstype: fstype.map(str::to_owned),
+        flags,
+        data: data.map(str::to_owned),
+    }
+}
+
+/// Character devices every session gets: the allow-list. Anything else (disks,
+/// /dev/mem, kvm) stays out of reach because /dev is a fresh tmpfs.
+pub const DEVICES: &[(&str, u64, u64)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+/// The mounts of a session root, in order. The root itself comes first; every
+/// other mount lands inside it.
+pub fn mount_plan(cfg: &InitConfig) -> Vec<MountStep> {
+    let r = &cfg.root;
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let overlay = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        cfg.lower.display(),
+        cfg.upper.display(),
+        cfg.work.display()
+    );
+    vec![
+        step(
+            "overlay",
+            r.clone(),
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(&overlay),
+        ),
+        step(
+            "proc",
+            r.join("proc"),
+            Some("proc"),
+            nosuid_nodev | MsFlags::MS_NOEXEC,
+            None,
+        ),
+        // Read-only: a session may look at its devices and its own net namespace's
+        // links (Chromium and Python probe these), but never change the host's knobs.
+        step(
+            "sysfs",
+            r.join("sys"),
+            Some("sysfs"),
+            nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
+            None,
+        ),
+        step(
+            "tmpfs",
+            r.join("dev"),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID,
+            Some("mode=755,size=65536k"),
+        ),
+        step(
+            "devpts",
+            r.join("dev/pts"),
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            // newinstance: the session's ptys are its own, not the host's.
+            Some("newinstance,ptmxmode=0666,mode=620"),
+        ),
+        step(
+            "tmpfs",
+            r.join("dev/shm"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=1777"),
+        ),
+        step(
+            "tmpfs",
+            r.join("run"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=755"),
+        ),
+        step(
+            &cfg.bin_dir.display().to_string(),
+            join_abs(r, BIN_DIR),
+            None,
+            MsFlags::MS_BIND,
+            None,
+        ),
+        // A bind mount ignores MS_RDONLY on creation; read-only takes a remount.
+        MountStep {
+            source: None,
+            target: join_abs(r, BIN_DIR),
+            fstype: None,
+            flags: MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
+            data: None,
+        },
+    ]
+}
+
+fn join_abs(root: &Path, abs: &str) -> PathBuf {
+    root.join(abs.trim_start_matches('/'))
+}
+
+/// Make the session's mounts private, then apply the plan, preparing mount
+/// points and /dev's contents on the way.
+pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
+    // Private, recursively: nothing mounted in the session propagates back to the
+    // host, and the host's later mounts do not appear in the session.
+    sys.mount(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )?;
+    cfg.check_fault("init.mount")?;
+    for s in mount_plan(cfg) {
+        if s.source.is_some() {
+            fs::create_dir_all(&s.target).map_err(io("create mount point", &s.target))?;
+        }
+        sys.mount(
+            s.source.as_deref(),
+            &s.target,
+            s.fstype.as_deref(),
+            s.flags,
+            s.data.as_deref(),
+        )?;
+        if s.fstype.as_deref() == Some("tmpfs") && s.target.ends_with("dev") {
+            populate_dev(sys, &s.target)?;
+        }
+    }
+    write_identity(cfg)?;
+    Ok(())
+}
+
+fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
+    for (name, major, minor) in DEVICES {
+        let p = dev.join(name);
+        sys.mknod(
+            &p,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(*major, *minor),
+        )?;
+        // mknod honours the umask; devices must be usable by every user.
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).map_err(io("chmod", &p))?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        symlink(to, dev.join(link)).map_err(io("symlink", dev.join(link)))?;
+    }
+    for d in ["pts", "shm"] {
+        fs::create_dir_all(dev.join(d)).map_err(io("create dir", dev.join(d)))?;
+    }
+    Ok(())
+}
+
+/// Hostname, hosts and machine-id live on the session's upper layer, so each
+/// session (and, later, each restored sibling) has its own.
+fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
+    let etc = cfg.root.join("etc");
+    let write = |name: &str, content: String| {
+        let p = etc.join(name);
+        fs::write(&p, content).map_err(io("write", &p))
+    };
+    write("hostname", format!("{}\n", cfg.hostname))?;
+    write("machine-id", format!("{}\n", cfg.machine_id))?;
+    let mut hosts = format!(
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
+        cfg.hostname
+    );
+    if let Some(ip) = &cfg.ip {
+        hosts.push_str(&format!("{ip}\t{}\n", cfg.hostname));
+    }
+    write("hosts", hosts)?;
+    let tmp = cfg.root.join("tmp");
+    fs::create_dir_all(&tmp).map_err(io("create dir", &tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(io("chmod", &tmp))?;
+    Ok(())
+}
+
+/// Enter the new root and drop the old one. `pivot_root(".", ".")` stacks the
+/// old root on top of the new one, and the lazy unmount then removes it without
+/// needing a directory for it inside the session (runc's trick).
+pub fn pivot(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
+    cfg.check_fault("init.pivot")?;
+    sys.chdir(&cfg.root)?;
+    sys.pivot_root(Path::new("."), Path::new("."))?;
+    sys.umount2(Path::new("."), MntFlags::MNT_DETACH)?;
+    sys.chdir(Path::new("/"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drums_sys::{Call, RecordingSyscall};
+
+    fn cfg() -> InitConfig {
+        InitConfig {
+            session_id: "s".into(),
+            hostname: "h".into(),
+            machine_id: "0".repeat(32),
+            ip: None,
+            cgroup_procs: vec![],
+            lower: "/img".into(),
+            upper: "/sv/upper".into(),
+            work: "/sv/work".into(),
+            root: "/r".into(),
+            bin_dir: "/bin-host".into(),
+            fault: None,
+        }
+    }
+
+    #[test]
+    fn overlay_is_first_and_everything_else_lands_inside_it() {
+        let plan = mount_plan(&cfg());
+        assert_eq!(plan[0].fstype.as_deref(), Some("overlay"));
+        assert_eq!(
+            plan[0].data.as_deref(),
+            Some("lowerdir=/img,upperdir=/sv/upper,workdir=/sv/work")
+        );
+        for s in &plan[1..] {
+            assert!(
+                s.target.starts_with("/r/"),
+                "{:?} outside the root",
+                s.target
+            );
+        }
+        // /dev/pts and /dev/shm come after /dev, or the tmpfs would hide them.
+        let pos = |t: &str| plan.iter().position(|s| s.target == Path::new(t)).unwrap();
+        assert!(pos("/r/dev") < pos("/r/dev/pts"));
+        assert!(pos("/r/dev") < pos("/r/dev/shm"));
+        assert!(pos("/r/run") < pos("/r/run/drums/bin"));
+        let last = plan.last().unwrap();
+        assert!(
+            last.flags
+                .contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY),
+            "binaries end read-only"
+        );
+    }
+
+    #[test]
+    fn pivot_detaches_the_old_root() {
+        let sys = RecordingSyscall::new();
+        pivot(&sys, &cfg()).unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                Call::Chdir("/r".into()),
+                Call::PivotRoot {
+                    new_root: ".".into(),
+                    put_old: ".".into()
+                },
+                Call::Umount {
+                    target: ".".into(),
+                    flags: MntFlags::MNT_DETACH
+                },
+                Call::Chdir("/".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn injected_fault_stops_before_any_call() {
+        let sys = RecordingSyscall::new();
+        let mut c = cfg();
+        c.fault = Some("init.pivot".into());
+        assert_eq!(
+            pivot(&sys, &c).unwrap_err().to_string(),
+            "injected fault at init.pivot"
+        );
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn build_makes_mounts_private_first() {
+        let sys = RecordingSyscall::new();
+        let mut c = cfg();
+        c.fault = Some("init.mount".into());
+        assert!(build(&sys, &c).is_err());
+        assert!(
+            matches!(&sys.calls()[0], Call::Mount { flags, .. } if flags.contains(MsFlags::MS_PRIVATE | MsFlags::MS_REC))
+        );
+        assert_eq!(sys.calls().len(), 1);
+    }
+}

@@ -1,0 +1,211 @@
+//! The three stages of drums-init; see the crate documentation for the story.
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drums_sys::{CloneFlags, LinuxSyscall, Syscall};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+
+use crate::{io, root, InitConfig, InitError, Report, BIN_DIR, GUEST_SOCKET, INIT_LOG};
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn report(r: &Report) {
+    // The control pipe is drumsd's only view of stages 0 and 1; if drumsd is gone
+    // there is no one to tell, and the next step fails on its own.
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&line).and_then(|_| out.flush());
+}
+
+/// The full chain of an error, so drumsd's message names the root cause.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Read one line from stdin without buffering past it: the rest of the pipe
+/// belongs to stage 1 (the `go` line).
+fn read_line() -> Result<Option<String>, std::io::Error> {
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match stdin.read(&mut byte)? {
+            0 if buf.is_empty() => return Ok(None),
+            0 => break,
+            _ if byte[0] == b'\n' => break,
+            _ => buf.push(byte[0]),
+        }
+    }
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+/// Stage 0, on the host: join cgroups, unshare, fork PID 1, report its pid.
+pub fn stage0() -> ! {
+    let cfg = match read_line().map_err(InitError::ReadConfig).and_then(|l| {
+        serde_json::from_str::<InitConfig>(&l.unwrap_or_default()).map_err(InitError::ParseConfig)
+    }) {
+        Ok(c) => c,
+        Err(e) => fail(e),
+    };
+    match run_stage0(&cfg) {
+        Ok(ForkResult::Parent { child }) => {
+            report(&Report::Pid(child.as_raw()));
+            std::process::exit(0)
+        }
+        Ok(ForkResult::Child) => stage1(&cfg),
+        Err(e) => fail(e),
+    }
+}
+
+fn fail(e: InitError) -> ! {
+    report(&Report::Error(chain(&e)));
+    std::process::exit(1)
+}
+
+fn run_stage0(cfg: &InitConfig) -> Result<ForkResult, InitError> {
+    cfg.check_fault("init.cgroup")?;
+    let me = std::process::id().to_string();
+    for procs in &cfg.cgroup_procs {
+        std::fs::write(procs, &me).map_err(io("join cgroup", procs))?;
+    }
+    cfg.check_fault("init.unshare")?;
+    LinuxSyscall.unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWPID,
+    )?;
+    // SAFETY: drums-init is single-threaded here (no runtime, no threads
+    // spawned), so the child may run arbitrary code after fork.
+    unsafe { nix::unistd::fork() }.map_err(|source| InitError::Nix { op: "fork", source })
+}
+
+/// Stage 1, PID 1 of the new namespaces.
+fn stage1(cfg: &InitConfig) -> ! {
+    match run_stage1(cfg) {
+        Ok(never) => match never {},
+        Err(e) => fail(e),
+    }
+}
+
+fn run_stage1(cfg: &InitConfig) -> Result<Infallible, InitError> {
+    nix::unistd::setsid().map_err(|source| InitError::Nix {
+        op: "setsid",
+        source,
+    })?;
+    let sys = LinuxSyscall;
+    root::build(&sys, cfg)?;
+    root::pivot(&sys, cfg)?;
+    sys.sethostname(&cfg.hostname)?;
+    // drumsd configures the network namespace while we built the root; the
+    // services must not start before their addresses exist.
+    match read_line().map_err(InitError::ReadConfig)? {
+        Some(l) if l == "go" => {}
+        _ => return Err(InitError::Abandoned),
+    }
+    cfg.check_fault("init.exec")?;
+    let devnull: OwnedFd = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(io("open", "/dev/null"))?
+        .into();
+    let exe = CString::new(format!("{BIN_DIR}/drums-init")).expect("static path has no NUL");
+    report(&Report::Ok);
+    // Nothing of the host may stay open: CRIU cannot dump an fd that points
+    // outside the session (the probe's "Can't lookup mount=24 for fd=10").
+    for fd in 0..3 {
+        nix::unistd::dup2(devnull.as_raw_fd(), fd).map_err(|source| InitError::Nix {
+            op: "dup2 /dev/null",
+            source,
+        })?;
+    }
+    // SAFETY: close_range only closes descriptors; fds 0-2 were just replaced and
+    // nothing else in this process is used after the exec below.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    // Re-exec from inside the new root, so no mapping refers to the old one.
+    let err = nix::unistd::execv(&exe, &[exe.as_c_str(), c"--stage2"]).unwrap_err();
+    Err(InitError::Nix {
+        op: "exec stage 2",
+        source: err,
+    })
+}
+
+/// Stage 2: the long-lived PID 1. Supervises the guest agent and reaps orphans.
+pub fn stage2() -> ! {
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(INIT_LOG)
+        .ok();
+    let logln = |msg: &str| {
+        if let Some(mut f) = log.as_ref() {
+            let _ = writeln!(f, "drums-init: {msg}");
+        }
+    };
+    std::env::set_var("PATH", PATH);
+    logln("stage 2 running");
+    loop {
+        let started = Instant::now();
+        let guest = spawn_guest(&log);
+        let guest_pid = match guest {
+            Ok(pid) => pid,
+            Err(e) => {
+                logln(&format!("start guest agent: {e}"));
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        // Reap everything; return to the outer loop when the guest dies.
+        loop {
+            match waitpid(None, None) {
+                Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _))
+                    if pid == guest_pid =>
+                {
+                    logln("guest agent exited; restarting it");
+                    break;
+                }
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => {}
+                Err(e) => {
+                    logln(&format!("waitpid: {e}"));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        // A guest that dies at once would otherwise be restarted in a hot loop.
+        if started.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+fn spawn_guest(log: &Option<std::fs::File>) -> Result<Pid, std::io::Error> {
+    let out = || match log {
+        Some(f) => f.try_clone().map(Stdio::from),
+        None => Ok(Stdio::null()),
+    };
+    let child = Command::new(format!("{BIN_DIR}/drums-guest"))
+        .args(["--listen", &format!("unix:{GUEST_SOCKET}")])
+        .stdin(Stdio::null())
+        .stdout(out()?)
+        .stderr(out()?)
+        .spawn()?;
+    Ok(Pid::from_raw(child.id() as i32))
+}
