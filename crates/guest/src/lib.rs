@@ -1,0 +1,29 @@
+//! The drums guest agent.
+//!
+//! `drums-guest` runs inside every drums session, as root, supervised by the
+//! session's init: after `pivot_root` its `/` is the session's root, so every
+//! path and user it handles is the session's. drumsd on the host talks to it
+//! over HTTP/1.1 on a unix socket (`/run/drums/guest.sock`, reached from the
+//! host through `/proc/<init pid>/root/run/drums/guest.sock`) to run commands
+//! and move files. The API is documented in `docs/guest-api.md`.
+//!
+//! It is built to be small: a single-threaded tokio runtime, streamed bodies,
+//! no buffering of command output or file contents.
+//!
+//! Modules:
+//! - [`server`]: router, listeners, serving until a signal.
+//! - [`exec`]: `POST /v1/exec`, running commands with streamed output.
+//! - [`files`]: `/v1/files` and `/v1/dir`.
+//! - [`paths`]: lexical resolution of client paths.
+//! - [`users`]: `/etc/passwd` and `/etc/group` lookup without NSS.
+//! - [`error`]: the JSON error body.
+
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod paths;
+pub mod server;
+pub mod users;
+
+pub use error::ApiError;
+pub use server::{router, serve, Listener, ServeError, Server, DEFAULT_SOCKET};
