@@ -1,0 +1,15 @@
+//! The drumsd REST API: the types on the wire and a client over a unix socket.
+//!
+//! `api/openapi.yaml` at the repository root is the source of truth for routes and
+//! shapes; these types follow it, and the daemon's tests check both against each
+//! other. The same client also speaks to the guest agent inside a session, which
+//! listens on a unix socket too.
+
+pub mod client;
+pub mod types;
+
+pub use client::{Client, ClientError};
+pub use types::*;
+
+/// The OpenAPI document, embedded so the daemon can serve it at `/openapi.yaml`.
+pub const OPENAPI_YAML: &str = include_str!("../../../api/openapi.yaml");
