@@ -1,0 +1,329 @@
+//! Creating a session, one recorded step at a time. Each step is a fault point;
+//! if any step fails, the ledger names everything made so far and
+//! [`crate::teardown`] removes it.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use drums_api::{CreateSession, Session};
+use drums_catalog::{ResourceKind, SessionRecord};
+use drums_init::{InitConfig, Report};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+use tracing::warn;
+
+use crate::manager::{guest_socket, Manager};
+use crate::spec::{hostname_for, Network, Spec};
+use crate::{io, process, teardown, SessionError};
+
+impl Manager {
+    /// Create a session and return once its guest agent answers.
+    pub async fn create(&self, req: &CreateSession) -> Result<Session, SessionError> {
+        let spec = Spec::from_request(req)?;
+        let image = self.images.get(&spec.image)?;
+        let id = random_hex(6);
+        let name = spec.name.clone().unwrap_or_else(|| id.clone());
+        let rec = SessionRecord {
+            hostname: hostname_for(&name, &id),
+            id,
+            name,
+            profile: spec.profile.clone(),
+            image: spec.image.clone(),
+            state: "creating".into(),
+            network: spec.network.as_str().into(),
+            ip: None,
+            mac: None,
+            limits: serde_json::to_value(&spec.limits).expect("limits serialize"),
+            init_pid: None,
+            created_at_ms: drums_catalog::now_ms(),
+        };
+        let pool = (spec.network == Network::Bridge).then(|| self.pool());
+        // Reserves the name and the address atomically.
+        let rec = self.catalog.insert_session(rec, pool)?;
+        match self.build(&rec, &spec, &image.rootfs).await {
+            Ok(pid) => {
+                self.catalog
+                    .set_session_state(&rec.id, "running", Some(pid))?;
+                self.get(&rec.id)
+            }
+            Err(e) => {
+                match teardown::remove_owned(self, &rec.id).await {
+                    Ok(()) => self.catalog.delete_session(&rec.id)?,
+                    // Leave the row so `drums rm` or the next sweep finishes the job.
+                    Err(t) => warn!(
+                        "clean up failed create of {}: {}",
+                        rec.id,
+                        crate::error_chain(&t)
+                    ),
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn build(
+        &self,
+        rec: &SessionRecord,
+        spec: &Spec,
+        lower: &Path,
+    ) -> Result<i32, SessionError> {
+        let id = &rec.id;
+        let record = |kind, key: &str| self.catalog.record(id, kind, key);
+
+        self.faults.check("create.dir")?;
+        let dir = self.cfg.state_dir.join("sessions").join(id);
+        record(ResourceKind::Dir, &dir.display().to_string())?;
+        std::fs::create_dir_all(dir.join("root")).map_err(io("create", dir.join("root")))?;
+
+        self.faults.check("create.subvolume")?;
+        let sv = self.store_root.join("sessions").join(id);
+        record(ResourceKind::Subvolume, &sv.display().to_string())?;
+        let sv2 = sv.clone();
+        tokio::task::spawn_blocking(move || drums_store::create_subvolume(&sv2))
+            .await
+            .expect("no panic")?;
+        for d in ["upper", "work"] {
+            std::fs::create_dir(sv.join(d)).map_err(io("create", sv.join(d)))?;
+        }
+
+        self.faults.check("create.cgroup")?;
+        record(
+            ResourceKind::Cgroup,
+            &format!("{}/{}", self.cfg.cgroup_parent, id),
+        )?;
+        let limits = drums_cgroup::Limits {
+            memory_bytes: spec.limits.memory_bytes,
+            pids_max: spec.limits.pids_max,
+            cpus: spec.limits.cpus,
+        };
+        let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
+        let cg = tokio::task::spawn_blocking(move || {
+            drums_cgroup::Cgroup::create(&parent, &name, &limits)
+        })
+        .await
+        .expect("no panic")?;
+
+        let cfg = InitConfig {
+            session_id: id.clone(),
+            hostname: rec.hostname.clone(),
+            machine_id: random_hex(16),
+            ip: rec.ip.clone(),
+            cgroup_procs: cg.procs_files(),
+            lower: lower.to_owned(),
+            upper: sv.join("upper"),
+            work: sv.join("work"),
+            root: dir.join("root"),
+            bin_dir: self.bin_dir.clone(),
+            fault: self.faults.for_init(),
+        };
+        self.faults.check("create.spawn")?;
+        let (mut init, pid) = InitPipe::spawn(&self.bin_dir.join("drums-init"), &cfg).await?;
+        // The cgroup already holds the process; this row is for reaping it.
+        if let Some(key) = process::ledger_key(pid) {
+            record(ResourceKind::Process, &key)?;
+        }
+        self.catalog.set_session_state(id, "creating", Some(pid))?;
+
+        // The network is configured while stage 1 builds the root.
+        if let Err(e) = self.network(rec, spec, pid).await {
+            // Stage 1 runs meanwhile: if it failed, its own report names the
+            // cause, and the network error is only a consequence of its exit.
+            // A healthy stage 1 says nothing until `go`, so this wait only costs
+            // time on the failure path.
+            if let Ok(Err(init_err)) =
+                tokio::time::timeout(Duration::from_millis(300), init.next()).await
+            {
+                return Err(init_err);
+            }
+            return Err(e);
+        }
+        init.go().await?;
+
+        self.faults.check("create.ready")?;
+        self.wait_ready(id, pid).await?;
+        Ok(pid)
+    }
+
+    async fn network(
+        &self,
+        rec: &SessionRecord,
+        spec: &Spec,
+        pid: i32,
+    ) -> Result<(), SessionError> {
+        let id = &rec.id;
+        self.faults.check("create.network")?;
+        match spec.network {
+            Network::Bridge => {
+                let host_name = veth_name(id);
+                self.catalog.record(id, ResourceKind::Link, &host_name)?;
+                let ip = rec
+                    .ip
+                    .as_deref()
+                    .and_then(|s| s.parse().ok())
+                    .expect("bridge sessions have an address");
+                self.net
+                    .create_session_veth(&drums_net::VethSpec {
+                        host_name,
+                        bridge: self.cfg.bridge.clone(),
+                        netns_pid: pid,
+                        mac: parse_mac(rec.mac.as_deref().unwrap_or_default()),
+                        ip,
+                        prefix: self.cfg.prefix,
+                        gateway: self.gateway(),
+                        // Egress is off: the session reaches the host's bridge address
+                        // and nothing beyond it.
+                        default_route: false,
+                    })
+                    .await?;
+            }
+            Network::None => drums_net::loopback_up(pid).await?,
+        }
+        Ok(())
+    }
+
+    /// Ready means the guest agent answers its health check. The socket appears
+    /// only when the agent listens, so a failed connect costs microseconds.
+    async fn wait_ready(&self, id: &str, pid: i32) -> Result<(), SessionError> {
+        let client = drums_api::Client::new(guest_socket(pid));
+        let start = Instant::now();
+        loop {
+            if client
+                .call(hyper::Method::GET, "/v1/health", None::<&()>)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let waited_ms = start.elapsed().as_millis() as u64;
+            if !process::alive(pid) {
+                return Err(SessionError::NotReady {
+                    id: id.into(),
+                    waited_ms,
+                    detail: ": its init exited".into(),
+                });
+            }
+            if start.elapsed() > self.cfg.ready_timeout {
+                let log =
+                    std::fs::read_to_string(format!("/proc/{pid}/root{}", drums_init::INIT_LOG))
+                        .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                let detail = if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; init log: {}", tail.join(" | "))
+                };
+                return Err(SessionError::NotReady {
+                    id: id.into(),
+                    waited_ms,
+                    detail,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// The pipe to drums-init during stages 0 and 1.
+struct InitPipe {
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl InitPipe {
+    async fn spawn(bin: &Path, cfg: &InitConfig) -> Result<(InitPipe, i32), SessionError> {
+        let mut child = Command::new(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(io("spawn", bin))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        // Stage 0 exits right after the fork; reap it.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let mut pipe = InitPipe {
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        };
+        let mut line = serde_json::to_string(cfg).expect("config serializes");
+        line.push('\n');
+        pipe.send(&line).await?;
+        match pipe.next().await? {
+            Report::Pid(pid) => Ok((pipe, pid)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn send(&mut self, line: &str) -> Result<(), SessionError> {
+        self.stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| SessionError::Init(format!("write to drums-init: {e}")))
+    }
+
+    async fn next(&mut self) -> Result<Report, SessionError> {
+        let line = tokio::time::timeout(Duration::from_secs(15), self.lines.next_line())
+            .await
+            .map_err(|_| SessionError::Init("drums-init did not report within 15 s".into()))?
+            .map_err(|e| SessionError::Init(format!("read from drums-init: {e}")))?
+            .ok_or_else(|| SessionError::Init("drums-init exited without reporting".into()))?;
+        let r: Report = serde_json::from_str(&line)
+            .map_err(|e| SessionError::Init(format!("unreadable report {line:?}: {e}")))?;
+        match r {
+            Report::Error(m) => Err(SessionError::Init(m)),
+            r => Ok(r),
+        }
+    }
+
+    /// Let stage 1 go on to start the services, and wait for its `ok`.
+    async fn go(&mut self) -> Result<(), SessionError> {
+        self.send("go\n").await?;
+        match self.next().await? {
+            Report::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(r: Report) -> SessionError {
+    SessionError::Init(format!("unexpected report {r:?}"))
+}
+
+/// The host end of a session's veth: `drums` + 10 hex digits of the id, 15
+/// characters, the kernel's limit.
+pub fn veth_name(id: &str) -> String {
+    format!("drums{}", &id[..10.min(id.len())])
+}
+
+fn parse_mac(s: &str) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    for (i, part) in s.split(':').take(6).enumerate() {
+        mac[i] = u8::from_str_radix(part, 16).unwrap_or(0);
+    }
+    mac
+}
+
+/// Random lowercase hex from the kernel's RNG.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    let mut f = std::fs::File::open("/dev/urandom").expect("/dev/urandom is always there");
+    std::io::Read::read_exact(&mut f, &mut buf).expect("read /dev/urandom");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_macs() {
+        assert_eq!(veth_name("0123456789abcdef"), "drums0123456789");
+        assert_eq!(veth_name("0123456789abcdef").len(), 15);
+        assert_eq!(parse_mac("02:64:0a:d5:00:02"), [2, 0x64, 10, 0xd5, 0, 2]);
+        assert_eq!(random_hex(6).len(), 12);
+        assert_ne!(random_hex(8), random_hex(8));
+    }
+}

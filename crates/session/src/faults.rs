@@ -1,0 +1,58 @@
+//! Test-only fault injection. drumsd arms one point at a time, and only when it
+//! was started with `--enable-fault-injection`; the steps check it with
+//! [`Faults::check`]. Points named `init.*` fire inside drums-init.
+
+use std::sync::Mutex;
+
+use crate::SessionError;
+
+/// Every point a create can be failed at, in the order the steps run.
+pub const CREATE_POINTS: &[&str] = &[
+    "create.dir",
+    "create.subvolume",
+    "create.cgroup",
+    "init.cgroup",
+    "init.unshare",
+    "create.spawn",
+    "init.mount",
+    "init.pivot",
+    "create.network",
+    "init.exec",
+    "create.ready",
+];
+
+#[derive(Default)]
+pub struct Faults {
+    armed: Mutex<Option<String>>,
+}
+
+impl Faults {
+    pub fn arm(&self, point: Option<String>) -> Result<(), SessionError> {
+        if let Some(p) = &point {
+            if !CREATE_POINTS.contains(&p.as_str()) {
+                return Err(SessionError::Invalid(format!(
+                    "unknown fault point {p:?}; known: {}",
+                    CREATE_POINTS.join(", ")
+                )));
+            }
+        }
+        *self.armed.lock().unwrap_or_else(|p| p.into_inner()) = point;
+        Ok(())
+    }
+
+    pub fn armed(&self) -> Option<String> {
+        self.armed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn check(&self, point: &str) -> Result<(), SessionError> {
+        match self.armed() {
+            Some(p) if p == point => Err(SessionError::Injected(p)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The point to hand to drums-init, if the armed one is an init step.
+    pub fn for_init(&self) -> Option<String> {
+        self.armed().filter(|p| p.starts_with("init."))
+    }
+}

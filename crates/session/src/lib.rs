@@ -1,0 +1,123 @@
+//! Sessions: creating, tracking and removing them, with every host resource
+//! recorded in the ownership ledger before it exists.
+//!
+//! - [`spec`] turns an API request into a validated plan, or a clear error;
+//! - [`create`] builds a session step by step (directory, subvolume, cgroups,
+//!   init, network, readiness), each step a fault-injection point;
+//! - [`teardown`] removes whatever the ledger names, for `rm`, for a failed
+//!   create, at shutdown, and in the sweep at daemon start;
+//! - [`process`] holds the few process helpers (start times, reaping).
+
+pub mod create;
+pub mod faults;
+pub mod manager;
+pub mod process;
+pub mod spec;
+pub mod teardown;
+
+pub use manager::{Manager, ManagerConfig};
+
+use std::path::PathBuf;
+
+/// What kind of failure an error is, for the API's status codes and the CLI's
+/// exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    BadRequest,
+    NotFound,
+    Conflict,
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no session named {0:?}")]
+    NotFound(String),
+    #[error("no image named {0:?} (see `drums images`; set-up builds \"default\")")]
+    ImageNotFound(String),
+    #[error("a session named {0:?} already exists")]
+    NameTaken(String),
+    #[error(transparent)]
+    Catalog(drums_catalog::CatalogError),
+    #[error("store")]
+    Store(#[from] drums_store::StoreError),
+    #[error("cgroup")]
+    Cgroup(#[from] drums_cgroup::CgroupError),
+    #[error("network")]
+    Net(#[from] drums_net::NetError),
+    #[error("image")]
+    Image(#[source] drums_image::ImageError),
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("session init: {0}")]
+    Init(String),
+    #[error("injected fault at {0}")]
+    Injected(String),
+    #[error("session {id} did not become ready within {waited_ms} ms{detail}")]
+    NotReady {
+        id: String,
+        waited_ms: u64,
+        detail: String,
+    },
+    #[error("remove session {id}: {failures}")]
+    Teardown { id: String, failures: String },
+}
+
+impl SessionError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SessionError::Invalid(_) => ErrorKind::BadRequest,
+            SessionError::NotFound(_) | SessionError::ImageNotFound(_) => ErrorKind::NotFound,
+            SessionError::NameTaken(_) => ErrorKind::Conflict,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<drums_catalog::CatalogError> for SessionError {
+    fn from(e: drums_catalog::CatalogError) -> Self {
+        match e {
+            drums_catalog::CatalogError::NameTaken(n) => SessionError::NameTaken(n),
+            e => SessionError::Catalog(e),
+        }
+    }
+}
+
+impl From<drums_image::ImageError> for SessionError {
+    fn from(e: drums_image::ImageError) -> Self {
+        match e {
+            drums_image::ImageError::NotFound(n) => SessionError::ImageNotFound(n),
+            e => SessionError::Image(e),
+        }
+    }
+}
+
+pub(crate) fn io(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> SessionError {
+    let path = path.into();
+    move |source| SessionError::Io { op, path, source }
+}
+
+/// The full chain of an error, for messages that must name the root cause.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.ends_with(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

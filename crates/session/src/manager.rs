@@ -1,0 +1,274 @@
+//! The session manager: owns the catalog, the store, the images and the host
+//! network, and is what drumsd's API calls into.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use drums_api::{Limits, Session};
+use drums_catalog::{Catalog, IpPool, ResourceKind, SessionRecord};
+use drums_image::ImageStore;
+use drums_net::Net;
+use drums_store::Store;
+use tracing::{info, warn};
+
+use crate::faults::Faults;
+use crate::{io, teardown, SessionError};
+
+/// The owner name of the daemon's own resources in the ledger.
+pub const DAEMON: &str = "daemon";
+
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Everything drums keeps: catalog, store, session directories.
+    pub state_dir: PathBuf,
+    pub images_dir: PathBuf,
+    /// Where drums-init and drums-guest were built; they are copied into the
+    /// state directory so sessions never see the build tree.
+    pub bin_src: PathBuf,
+    pub bridge: String,
+    /// The bridge's network: the bridge takes .1, sessions .2 upwards.
+    pub subnet: Ipv4Addr,
+    pub prefix: u8,
+    /// Name of the cgroup under which every session's cgroup lives.
+    pub cgroup_parent: String,
+    /// Size of the sparse btrfs image when the state directory is not on btrfs.
+    pub store_size: u64,
+    pub fault_injection: bool,
+    pub ready_timeout: Duration,
+}
+
+pub struct Manager {
+    pub(crate) cfg: ManagerConfig,
+    pub(crate) catalog: Catalog,
+    pub(crate) store_root: PathBuf,
+    /// Kept open for the daemon's life; its mount is in the ledger too.
+    _store: Mutex<Option<Store>>,
+    pub(crate) images: ImageStore,
+    pub(crate) net: Net,
+    pub faults: Faults,
+    pub(crate) bin_dir: PathBuf,
+}
+
+impl Manager {
+    /// Open everything, sweep what a previous daemon left, and make the bridge.
+    pub async fn start(cfg: ManagerConfig) -> Result<Manager, SessionError> {
+        let state = &cfg.state_dir;
+        std::fs::create_dir_all(state.join("sessions"))
+            .map_err(io("create", state.join("sessions")))?;
+        let catalog = Catalog::open(&state.join("catalog.db"))?;
+        let bin_dir = state.join("bin");
+        install_binaries(&cfg.bin_src, &bin_dir)?;
+
+        // The store: record its mount before making it, so a crash between
+        // mount and record cannot leak it.
+        let store_mount = state.join("store");
+        catalog.record(
+            DAEMON,
+            ResourceKind::Mount,
+            &store_mount.display().to_string(),
+        )?;
+        let (state2, size) = (state.clone(), cfg.store_size);
+        let store = tokio::task::spawn_blocking(move || Store::open(&state2, size))
+            .await
+            .expect("store open does not panic")?;
+        let store_root = store.root().to_path_buf();
+        if !matches!(store.backing(), drums_store::Backing::Loop { .. }) {
+            // Native btrfs: nothing is mounted, so there is nothing to unmount.
+            let rows = catalog.owned_by(DAEMON)?;
+            if let Some(r) = rows.iter().find(|r| r.kind == ResourceKind::Mount) {
+                catalog.release(r.seq)?;
+            }
+        }
+        std::fs::create_dir_all(store_root.join("sessions"))
+            .map_err(io("create", store_root.join("sessions")))?;
+
+        let net = Net::new().await?;
+        let m = Manager {
+            images: ImageStore::new(cfg.images_dir.clone()),
+            cfg,
+            catalog,
+            store_root,
+            _store: Mutex::new(Some(store)),
+            net,
+            faults: Faults::default(),
+            bin_dir,
+        };
+        m.sweep().await;
+
+        m.catalog
+            .record(DAEMON, ResourceKind::Link, &m.cfg.bridge)?;
+        m.net
+            .ensure_bridge(&m.cfg.bridge, m.gateway(), m.cfg.prefix)
+            .await?;
+        // The cgroup parent is made by the first session; recorded now so the
+        // shutdown removes it.
+        m.catalog
+            .record(DAEMON, ResourceKind::Cgroup, &m.cfg.cgroup_parent)?;
+        Ok(m)
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.cfg
+    }
+
+    pub(crate) fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.cfg.subnet) + 1)
+    }
+
+    pub(crate) fn pool(&self) -> IpPool {
+        IpPool {
+            base: self.cfg.subnet,
+            prefix: self.cfg.prefix,
+        }
+    }
+
+    pub fn images(&self) -> &ImageStore {
+        &self.images
+    }
+
+    /// Remove every session a previous daemon left, then any resource whose
+    /// owner is gone. Errors are logged, not fatal: the sweep runs again at the
+    /// next start, and the rows it could not remove stay in the ledger.
+    async fn sweep(&self) {
+        let sessions = match self.catalog.sessions() {
+            Ok(s) => s,
+            Err(e) => return warn!("sweep: list sessions: {e}"),
+        };
+        for s in sessions {
+            info!(session = %s.id, name = %s.name, state = %s.state, "sweep: removing a session left by a previous daemon");
+            if let Err(e) = self.remove_record(&s).await {
+                warn!("sweep: {}", crate::error_chain(&e));
+            }
+        }
+        // Resources whose session row is gone (a crash inside create or rm).
+        if let Ok(all) = self.catalog.all_resources() {
+            let mut owners: Vec<String> = all
+                .into_iter()
+                .map(|r| r.owner)
+                .filter(|o| o != DAEMON)
+                .collect();
+            owners.dedup();
+            for o in owners {
+                info!(owner = %o, "sweep: removing resources of a vanished session");
+                if let Err(e) = teardown::remove_owned(self, &o).await {
+                    warn!("sweep: {}", crate::error_chain(&e));
+                }
+            }
+        }
+        // Cgroups under our parent that no ledger row names (belt and braces:
+        // the ledger records them first, so this finds nothing unless the
+        // catalog itself was lost).
+        for child in drums_cgroup::list_children(&self.cfg.cgroup_parent) {
+            warn!(cgroup = %child, "sweep: removing an unrecorded cgroup");
+            let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &child);
+            if let Err(e) = tokio::task::spawn_blocking(move || cg.remove())
+                .await
+                .expect("no panic")
+            {
+                warn!("sweep: {}", crate::error_chain(&e));
+            }
+        }
+    }
+
+    pub fn list(&self) -> Result<Vec<Session>, SessionError> {
+        Ok(self.catalog.sessions()?.into_iter().map(to_api).collect())
+    }
+
+    pub fn get(&self, id_or_name: &str) -> Result<Session, SessionError> {
+        self.record(id_or_name).map(to_api)
+    }
+
+    pub(crate) fn record(&self, id_or_name: &str) -> Result<SessionRecord, SessionError> {
+        self.catalog
+            .session(id_or_name)?
+            .ok_or_else(|| SessionError::NotFound(id_or_name.to_owned()))
+    }
+
+    /// The guest agent's socket of a running session, reached through its init's
+    /// view of the file system.
+    pub fn guest_socket(&self, s: &Session) -> Result<PathBuf, SessionError> {
+        match s.init_pid {
+            Some(pid) if s.state == "running" => Ok(guest_socket(pid)),
+            _ => Err(SessionError::Invalid(format!(
+                "session {} is {}, not running",
+                s.name, s.state
+            ))),
+        }
+    }
+
+    /// `drums rm`: kill the session and remove everything it owned.
+    pub async fn remove(&self, id_or_name: &str) -> Result<(), SessionError> {
+        let rec = self.record(id_or_name)?;
+        self.remove_record(&rec).await
+    }
+
+    async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
+        self.catalog.set_session_state(&rec.id, "removing", None)?;
+        teardown::remove_owned(self, &rec.id).await?;
+        self.catalog.delete_session(&rec.id)?;
+        Ok(())
+    }
+
+    /// Daemon shutdown: every session, then the daemon's own resources (the
+    /// bridge, the cgroup parent, the store's mount).
+    pub async fn shutdown(&self) -> Result<(), SessionError> {
+        let mut first_err = None;
+        for s in self.catalog.sessions()? {
+            if let Err(e) = self.remove_record(&s).await {
+                warn!("shutdown: {}", crate::error_chain(&e));
+                first_err.get_or_insert(e);
+            }
+        }
+        // The Store handle's own close would unmount too; the ledger row does the
+        // same, so drop the handle first and let one path do it.
+        drop(self._store.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Err(e) = teardown::remove_owned(self, DAEMON).await {
+            warn!("shutdown: {}", crate::error_chain(&e));
+            first_err.get_or_insert(e);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+pub fn guest_socket(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{}", drums_init::GUEST_SOCKET))
+}
+
+pub(crate) fn to_api(r: SessionRecord) -> Session {
+    Session {
+        limits: serde_json::from_value::<Limits>(r.limits).unwrap_or_default(),
+        id: r.id,
+        name: r.name,
+        profile: r.profile,
+        image: r.image,
+        state: r.state,
+        hostname: r.hostname,
+        network: r.network,
+        ip: r.ip,
+        mac: r.mac,
+        init_pid: r.init_pid,
+        created_at_ms: r.created_at_ms,
+    }
+}
+
+/// Copy drums-init and drums-guest next to the state, atomically (rename), and
+/// only when they changed: running sessions keep the inode they started with.
+fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
+    std::fs::create_dir_all(dst).map_err(io("create", dst))?;
+    for name in ["drums-init", "drums-guest"] {
+        let from = src.join(name);
+        let to = dst.join(name);
+        let new = std::fs::read(&from).map_err(io("read", &from))?;
+        if std::fs::read(&to).map(|old| old == new).unwrap_or(false) {
+            continue;
+        }
+        let tmp = dst.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, &new).map_err(io("write", &tmp))?;
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io("chmod", &tmp))?;
+        std::fs::rename(&tmp, &to).map_err(io("rename", &to))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Removing what the ledger names. Used by `drums rm`, by a failed create, at
+//! daemon shutdown and by the sweep at start: one path for all four, so a crash
+//! at any point is cleaned up by the same code that cleans up a normal removal.
+
+use std::path::Path;
+use std::time::Duration;
+
+use drums_catalog::{Resource, ResourceKind};
+
+use crate::manager::Manager;
+use crate::{error_chain, process, SessionError};
+
+/// Remove every resource of `owner`, newest first, forgetting each one only once
+/// it is gone. Every resource is attempted even if an earlier one failed.
+pub async fn remove_owned(m: &Manager, owner: &str) -> Result<(), SessionError> {
+    let mut failures = Vec::new();
+    for r in m.catalog.owned_by(owner)? {
+        match remove_resource(m, &r).await {
+            Ok(()) => m.catalog.release(r.seq)?,
+            Err(e) => failures.push(format!("{} {}: {e}", r.kind.as_str(), r.key)),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(SessionError::Teardown {
+            id: owner.to_owned(),
+            failures: failures.join("; "),
+        })
+    }
+}
+
+async fn blocking<F>(f: F) -> Result<(), String>
+where
+    F: FnOnce() -> Result<(), String> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("teardown task: {e}"))?
+}
+
+/// Remove one resource; a resource that is already gone counts as removed.
+async fn remove_resource(m: &Manager, r: &Resource) -> Result<(), String> {
+    let key = r.key.clone();
+    match r.kind {
+        ResourceKind::Process => {
+            blocking(move || process::kill_and_reap(&key, Duration::from_secs(10))).await
+        }
+        ResourceKind::Link => m
+            .net
+            .delete_link(&key)
+            .await
+            .map(|_| ())
+            .map_err(|e| error_chain(&e)),
+        ResourceKind::Cgroup => {
+            blocking(move || {
+                match key.split_once('/') {
+                    Some((parent, name)) => drums_cgroup::Cgroup::open(parent, name).remove(),
+                    None => drums_cgroup::remove_parent(&key),
+                }
+                .map_err(|e| error_chain(&e))
+            })
+            .await
+        }
+        ResourceKind::Subvolume => {
+            blocking(move || {
+                drums_store::delete_subvolume(Path::new(&key))
+                    .map(|_| ())
+                    .map_err(|e| error_chain(&e))
+            })
+            .await
+        }
+        ResourceKind::Dir => match std::fs::remove_dir_all(&key) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("remove: {e}")),
+            _ => Ok(()),
+        },
+        ResourceKind::Mount => blocking(move || unmount(Path::new(&key))).await,
+    }
+}
+
+fn unmount(path: &Path) -> Result<(), String> {
+    use nix::mount::{umount2, MntFlags};
+    match umount2(path, MntFlags::empty()) {
+        // EINVAL: not a mount point (already unmounted); ENOENT: gone.
+        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
+        // Something still holds it: detach, so it goes when the last user does.
+        Err(nix::Error::EBUSY) => {
+            umount2(path, MntFlags::MNT_DETACH).map_err(|e| format!("umount -l: {e}"))
+        }
+        Err(e) => Err(format!("umount: {e}")),
+    }
+}
