@@ -1,0 +1,87 @@
+//! drumsd: the one long-running daemon. It owns every session through the
+//! session manager and serves the REST API of `api/openapi.yaml` on a unix
+//! socket.
+
+pub mod config;
+pub mod error;
+pub mod lock;
+pub mod server;
+
+pub use config::{Cli, Command, DaemonArgs};
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use drums_session::Manager;
+use tokio::net::UnixListener;
+use tracing::{info, warn};
+
+/// Run the daemon until SIGTERM or SIGINT, then remove every session and the
+/// daemon's own resources.
+pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    let cfg = args.manager_config()?;
+    std::fs::create_dir_all(&cfg.state_dir)
+        .with_context(|| format!("create state directory {}", cfg.state_dir.display()))?;
+    let _lock = lock::acquire(&cfg.state_dir)?;
+    // Restored process trees (and each session's PID 1, once drums-init's stage 0
+    // exits) become our children, so we can reap them.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only sets a flag on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("prctl PR_SET_CHILD_SUBREAPER");
+    }
+    let socket = args.socket_path();
+    check_socket(&socket)?;
+    let manager = Arc::new(
+        Manager::start(cfg.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
+            .context("start session manager")?,
+    );
+    // Bound only once the sweep is done: a client that can connect finds a
+    // daemon that is ready, with nothing of a previous one left.
+    let listener = bind(&socket)?;
+    info!(socket = %socket.display(), state = %cfg.state_dir.display(), "drumsd ready");
+
+    let app = server::router(manager.clone());
+    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+    let served = serve.await.context("serve api");
+    info!("shutting down: removing every session");
+    let _ = std::fs::remove_file(&socket);
+    if let Err(e) = manager.shutdown().await {
+        warn!("shutdown: {}", drums_session::error_chain(&e));
+    }
+    served
+}
+
+fn check_socket(socket: &std::path::Path) -> anyhow::Result<()> {
+    if socket.exists() {
+        // A live daemon answers; a socket file nobody listens on is stale.
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            anyhow::bail!("another drumsd already listens on {}", socket.display());
+        }
+        std::fs::remove_file(socket)
+            .with_context(|| format!("remove stale socket {}", socket.display()))?;
+    }
+    Ok(())
+}
+
+fn bind(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let l = UnixListener::bind(socket).with_context(|| format!("bind {}", socket.display()))?;
+    // Root only: the API can run anything as root inside a session.
+    std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("chmod {}", socket.display()))?;
+    Ok(l)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

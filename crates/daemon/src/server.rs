@@ -1,0 +1,255 @@
+//! Routes: one handler per resource and verb, each a few lines that call the
+//! session manager. The route table must match `api/openapi.yaml` (tested).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use drums_api::{CreateSession, Fault, Image, ImageList, SessionList, Version};
+use drums_session::Manager;
+
+use crate::error::ApiError;
+
+type AppState = Arc<Manager>;
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Every (method, path) served, in the OpenAPI document's path syntax.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/version"),
+    ("get", "/v1/images"),
+    ("get", "/v1/sessions"),
+    ("post", "/v1/sessions"),
+    ("get", "/v1/sessions/{session}"),
+    ("delete", "/v1/sessions/{session}"),
+    ("post", "/v1/sessions/{session}/exec"),
+    ("get", "/v1/sessions/{session}/files"),
+    ("put", "/v1/sessions/{session}/files"),
+    ("get", "/v1/sessions/{session}/dir"),
+    ("post", "/v1/debug/faults"),
+    ("get", "/openapi.yaml"),
+];
+
+pub fn router(m: AppState) -> Router {
+    Router::new()
+        .route("/v1/version", get(version))
+        .route("/v1/images", get(images))
+        .route("/v1/sessions", get(list).post(create))
+        .route("/v1/sessions/{session}", get(show).delete(remove))
+        .route("/v1/sessions/{session}/exec", post(exec))
+        .route("/v1/sessions/{session}/files", get(to_guest).put(to_guest))
+        .route("/v1/sessions/{session}/dir", get(to_guest))
+        .route("/v1/debug/faults", post(fault))
+        .route(
+            "/openapi.yaml",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "application/yaml")],
+                    drums_api::OPENAPI_YAML,
+                )
+            }),
+        )
+        .fallback(|uri: Uri| async move {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route {}", uri.path()),
+            )
+        })
+        .with_state(m)
+}
+
+async fn version(State(m): State<AppState>) -> Json<Version> {
+    Json(Version {
+        version: env!("CARGO_PKG_VERSION").into(),
+        api: "v1".into(),
+        pid: std::process::id(),
+        state_dir: m.config().state_dir.display().to_string(),
+    })
+}
+
+async fn images(State(m): State<AppState>) -> Result<Json<ImageList>> {
+    let list = m.images().list().map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            drums_session::error_chain(&e),
+        )
+    })?;
+    Ok(Json(ImageList {
+        images: list
+            .into_iter()
+            .map(|i| Image {
+                name: i.name,
+                suite: i.suite,
+                variant: i.variant,
+                packages: i.packages,
+                size_bytes: i.size_bytes,
+                created_at: i.created_at as i64,
+            })
+            .collect(),
+    }))
+}
+
+async fn list(State(m): State<AppState>) -> Result<Json<SessionList>> {
+    Ok(Json(SessionList {
+        sessions: m.list()?,
+    }))
+}
+
+/// The body is parsed here rather than by axum's `Json` extractor so that a bad
+/// body gets the same error shape as every other error.
+async fn create(State(m): State<AppState>, body: Bytes) -> Result<impl IntoResponse> {
+    let req: CreateSession = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("invalid create request: {e}"),
+        )
+    })?;
+    let s = m.create(&req).await?;
+    Ok((StatusCode::CREATED, Json(s)))
+}
+
+async fn show(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::Session>> {
+    Ok(Json(m.get(&id)?))
+}
+
+async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
+    m.remove(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn exec(State(m): State<AppState>, Path(id): Path<String>, req: Request) -> Result<Response> {
+    proxy(&m, &id, "/v1/exec".into(), req).await
+}
+
+/// Files and directory listings: the guest agent's routes have the same shape
+/// without the session prefix.
+async fn to_guest(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response> {
+    let tail = req
+        .uri()
+        .path()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let uri = match req.uri().query() {
+        Some(q) => format!("/v1/{tail}?{q}"),
+        None => format!("/v1/{tail}"),
+    };
+    proxy(&m, &id, uri, req).await
+}
+
+/// Pass a request through to the session's guest agent and stream its answer
+/// back. Dropping the response (the client went away) closes the guest
+/// connection, which is how a cancelled exec stops its command.
+async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Response> {
+    let session = m.get(id)?;
+    let client = drums_api::Client::new(m.guest_socket(&session)?);
+    let (parts, body) = req.into_parts();
+    let mut out = hyper::Request::builder()
+        .method(parts.method)
+        .uri(uri)
+        .header("host", "guest");
+    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+        out = out.header(header::CONTENT_TYPE, ct);
+    }
+    let out = out
+        .body(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    let resp = client.send(out).await?;
+    let resp = client.check(resp).await?;
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+async fn fault(State(m): State<AppState>, body: Bytes) -> Result<StatusCode> {
+    if !m.config().fault_injection {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "fault injection is off (start drumsd with --enable-fault-injection)",
+        ));
+    }
+    let f: Fault = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("invalid fault: {e}"),
+        )
+    })?;
+    m.faults.arm(f.point)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `drumsd image build`: offline, since building takes minutes and needs no
+/// session.
+pub fn build_image(
+    args: &crate::DaemonArgs,
+    name: &str,
+    mirror: Option<String>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    drums_image::validate_name(name)?;
+    let mirror = match mirror {
+        Some(m) => m,
+        None => drums_image::mirror_from_apt_sources("bookworm").context("find a Debian mirror")?,
+    };
+    let store = drums_image::ImageStore::new(args.images_dir());
+    let cache = args.state_dir.join("cache/debootstrap");
+    std::fs::create_dir_all(&cache).with_context(|| format!("create {}", cache.display()))?;
+    let info = store
+        .build(
+            name,
+            &drums_image::Recipe::headless(),
+            &mirror,
+            &cache,
+            &mut |msg| eprintln!("image {name}: {msg}"),
+        )
+        .with_context(|| format!("build image {name}"))?;
+    eprintln!(
+        "image {name}: ready at {} ({} MiB)",
+        info.rootfs.display(),
+        info.size_bytes >> 20
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The route table and the OpenAPI document list the same operations.
+    #[test]
+    fn routes_match_openapi() {
+        let doc: serde_yaml::Value = serde_yaml::from_str(drums_api::OPENAPI_YAML).unwrap();
+        let mut spec = Vec::new();
+        for (path, item) in doc["paths"].as_mapping().unwrap() {
+            for (method, _) in item.as_mapping().unwrap() {
+                let method = method.as_str().unwrap();
+                if ["get", "post", "put", "delete", "patch"].contains(&method) {
+                    spec.push((method.to_owned(), path.as_str().unwrap().to_owned()));
+                }
+            }
+        }
+        let mut served: Vec<_> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        spec.sort();
+        served.sort();
+        assert_eq!(served, spec);
+    }
+}

@@ -1,0 +1,409 @@
+//! Sessions end to end, against a real drumsd, as root. Every test ends by
+//! stopping its daemon and proving nothing of it is left on the host.
+
+mod common;
+
+use common::{assert_schema, TestDaemon};
+use drums_api::{CreateSession, Limits};
+use hyper::Method;
+
+fn run<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// 20 sessions created, used and removed in a loop, two alive at a time: each
+/// sees only its own processes, hostname, network and files.
+#[test]
+fn twenty_sessions_are_isolated_and_leave_nothing() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let mut prev: Option<drums_api::Session> = None;
+        for i in 0..20 {
+            let network = if i % 5 == 4 { "none" } else { "bridge" };
+            let s = d
+                .create(&CreateSession {
+                    network: Some(network.into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("create {i}: {e}\n{}", d.log()));
+            assert_schema("Session", &serde_json::to_value(&s).unwrap());
+            assert_eq!(s.state, "running");
+            let (code, host, _) = d.sh(&s.id, "hostname");
+            assert_eq!((code, host.as_str()), (0, s.hostname.as_str()));
+            // Processes: PID 1 is the session's init, and only this session's guest exists.
+            let (_, comm1, _) = d.sh(&s.id, "cat /proc/1/comm");
+            assert_eq!(comm1, "drums-init");
+            let (_, guests, _) = d.sh(&s.id, "grep -l drums-guest /proc/[0-9]*/comm | wc -l");
+            assert_eq!(
+                guests, "1",
+                "session {i} sees another session's guest agent"
+            );
+            // Network: its own address only (or loopback only).
+            let (_, addrs, _) = d.sh(
+                &s.id,
+                "ip -o -4 addr show | awk '{print $2\" \"$4}' | sort | tr '\\n' ,",
+            );
+            match &s.ip {
+                Some(ip) => assert_eq!(addrs, format!("eth0 {ip}/24,lo 127.0.0.1/8,")),
+                None => assert_eq!(addrs, "lo 127.0.0.1/8,"),
+            }
+            // Files: its own marker, none of the previous session's.
+            let (code, _, _) = d.sh(&s.id, &format!("echo {i} > /root/marker-{i} && ls /root"));
+            assert_eq!(code, 0);
+            if let Some(p) = &prev {
+                let (_, ls, _) = d.sh(&s.id, "ls /root");
+                assert_eq!(
+                    ls,
+                    format!("marker-{i}"),
+                    "session {i} sees another session's files"
+                );
+                let (code, ..) = d.sh(&p.id, &format!("test -e /root/marker-{i}"));
+                assert_ne!(code, 0, "previous session sees session {i}'s file");
+                d.rm(&p.id).await.unwrap();
+            }
+            prev = Some(s);
+        }
+        d.rm(&prev.unwrap().id).await.unwrap();
+        let l: drums_api::SessionList = d
+            .client
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.sessions.is_empty());
+        assert!(
+            d.store_subvolumes().is_empty(),
+            "subvolumes left: {:?}",
+            d.store_subvolumes()
+        );
+        assert!(
+            d.processes().is_empty(),
+            "processes left: {:?}",
+            d.processes()
+        );
+        assert!(
+            d.session_links().is_empty(),
+            "veths left: {:?}",
+            d.session_links()
+        );
+    });
+    d.stop_and_check_leaks();
+}
+
+/// Creation fails at each step in turn; after each, nothing of the session
+/// remains, and the daemon still creates sessions afterwards.
+#[test]
+fn failure_at_every_create_step_leaves_nothing() {
+    let mut d = TestDaemon::start();
+    run(async {
+        for point in drums_session::faults::CREATE_POINTS {
+            d.arm(Some(point)).await;
+            let e = d.create(&CreateSession::default()).await.expect_err(point);
+            assert!(
+                e.to_string()
+                    .contains(&format!("injected fault at {point}")),
+                "{point}: {e}"
+            );
+            d.arm(None).await;
+            let l: drums_api::SessionList = d
+                .client
+                .json(Method::GET, "/v1/sessions", None::<&()>)
+                .await
+                .unwrap();
+            assert!(l.sessions.is_empty(), "{point}: session row left");
+            assert!(
+                d.processes().is_empty(),
+                "{point}: processes left {:?}",
+                d.processes()
+            );
+            assert!(
+                d.session_links().is_empty(),
+                "{point}: veths left {:?}",
+                d.session_links()
+            );
+            assert!(
+                d.store_subvolumes().is_empty(),
+                "{point}: subvolumes left {:?}",
+                d.store_subvolumes()
+            );
+            let dirs: Vec<_> = std::fs::read_dir(d.state.path().join("sessions"))
+                .unwrap()
+                .flatten()
+                .collect();
+            assert!(dirs.is_empty(), "{point}: session dirs left {dirs:?}");
+            for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+                let parent = h.path().join(&d.cgroup_parent);
+                let children: Vec<_> = std::fs::read_dir(&parent)
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter(|e| e.path().is_dir())
+                            .map(|e| e.path())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                assert!(children.is_empty(), "{point}: cgroups left {children:?}");
+            }
+        }
+        // The daemon is still healthy.
+        let s = d.create(&CreateSession::default()).await.unwrap();
+        assert_eq!(d.sh(&s.id, "true").0, 0);
+        d.rm(&s.id).await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}
+
+/// `kill -9` of drumsd with 3 live sessions, then a new drumsd: its sweep
+/// removes everything the dead daemon owned.
+#[test]
+fn sweep_after_kill9_removes_everything() {
+    let mut d = TestDaemon::start();
+    let subnet = d.subnet();
+    let sessions = run(async {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(d.create(&CreateSession::default()).await.unwrap());
+        }
+        v
+    });
+    let pids: Vec<i32> = sessions.iter().map(|s| s.init_pid.unwrap()).collect();
+    d.kill9();
+    // The sessions outlive their daemon...
+    for p in &pids {
+        assert!(
+            drums_session::process::alive(*p),
+            "session init {p} died with the daemon"
+        );
+    }
+    assert_eq!(d.session_links().len(), 3);
+    // ...until the next daemon sweeps them.
+    d.restart(&subnet);
+    for p in &pids {
+        assert!(
+            !drums_session::process::alive(*p),
+            "session init {p} survived the sweep"
+        );
+    }
+    assert!(
+        d.processes().is_empty(),
+        "processes left: {:?}",
+        d.processes()
+    );
+    assert!(
+        d.session_links().is_empty(),
+        "veths left: {:?}",
+        d.session_links()
+    );
+    assert!(
+        d.store_subvolumes().is_empty(),
+        "subvolumes left: {:?}",
+        d.store_subvolumes()
+    );
+    let log = d.log();
+    assert!(
+        log.contains("sweep: removing a session left by a previous daemon"),
+        "{log}"
+    );
+    run(async {
+        let l: drums_api::SessionList = d
+            .client
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.sessions.is_empty());
+    });
+    d.stop_and_check_leaks();
+}
+
+/// exec's options, streaming and exit codes; cp both ways; limits applied.
+#[test]
+fn exec_files_and_limits() {
+    let mut d = TestDaemon::start();
+    let s = run(d.create(&CreateSession {
+        name: Some("tools".into()),
+        limits: Limits {
+            memory_bytes: Some(256 << 20),
+            pids_max: Some(64),
+            cpus: Some(0.5),
+        },
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(s.hostname, "tools");
+    assert_eq!(d.sh("tools", "exit 7").0, 7);
+    let o = d.drums(&[
+        "exec",
+        "tools",
+        "--user",
+        "nobody",
+        "--cwd",
+        "/tmp",
+        "--env",
+        "X=42",
+        "--",
+        "sh",
+        "-c",
+        "id -u; pwd; echo $X; echo err >&2",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\n/tmp\n42\n");
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "err\n");
+    let o = d.drums(&["exec", "tools", "--timeout", "0.5", "--", "sleep", "30"]);
+    assert_eq!(
+        o.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (_, left, _) = d.sh("tools", "pgrep -c sleep || true");
+    assert_eq!(left, "0", "timed-out command still running");
+    // The cgroup limits are the session's.
+    let cg = format!(
+        "/sys/fs/cgroup/memory/{}/{}/memory.limit_in_bytes",
+        d.cgroup_parent, s.id
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg).unwrap().trim(),
+        (256u64 << 20).to_string()
+    );
+    let cg = format!("/sys/fs/cgroup/pids/{}/{}/pids.max", d.cgroup_parent, s.id);
+    assert_eq!(std::fs::read_to_string(cg).unwrap().trim(), "64");
+    // cp, binary-safe, both ways.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("blob");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let o = d.drums(&["cp", src.to_str().unwrap(), "tools:/root/blob"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(d.sh("tools", "wc -c < /root/blob").1, "200000");
+    let back = dir.path().join("back");
+    let o = d.drums(&["cp", "tools:/root/blob", back.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+    d.stop_and_check_leaks();
+}
+
+/// Bad input gets a clear error and a distinct exit code, and changes nothing.
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let mut d = TestDaemon::start();
+    let o = d.drums(&["create", "--name", "only", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in ["id", "ip", "hostname", "profile"] {
+        assert!(s.get(k).is_some(), "create --json lacks {k}");
+    }
+    let expect = |args: &[&str], code: i32, msg: &str| {
+        let o = d.drums(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "drums {args:?}: {err}");
+        assert!(err.contains(msg), "drums {args:?}: {err:?} lacks {msg:?}");
+    };
+    expect(&["create", "--name", "only"], 4, "already exists");
+    expect(&["create", "--name", "bad/name"], 2, "invalid session name");
+    expect(&["create", "--memory", "1K"], 2, "below the minimum");
+    expect(&["create", "--memory", "lots"], 2, "invalid size");
+    expect(&["create", "--pids", "0"], 2, "pids limit 0");
+    expect(&["create", "--cpus", "1000"], 2, "cpu limit");
+    expect(&["create", "--network", "host"], 2, "use bridge or none");
+    expect(&["create", "--profile", "gpu"], 2, "unknown profile");
+    expect(&["create", "--image", "nope"], 3, "no image named");
+    expect(&["exec", "ghost", "--", "true"], 3, "no session named");
+    expect(
+        &["exec", "only", "--", "no-such-command"],
+        127,
+        "no-such-command",
+    );
+    expect(&["cp", "only:/../../etc/shadow", "/tmp/x"], 2, "escapes");
+    expect(&["cp", "only:/no/such/file", "/tmp/x"], 3, "");
+    expect(&["rm", "ghost"], 3, "no session named");
+    // Nothing changed: still exactly one session, and its files are intact.
+    let o = d.drums(&["ps", "--json"]);
+    let l: drums_api::SessionList = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(l.sessions.len(), 1);
+    assert_eq!(l.sessions[0].name, "only");
+    assert_eq!(d.session_links().len(), 1);
+    // rm twice: the second is not-found.
+    assert!(d.drums(&["rm", "only"]).status.success());
+    expect(&["rm", "only"], 3, "no session named");
+    // A second daemon on the same state directory refuses to start, and says why.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_drumsd"))
+        .arg("--state-dir")
+        .arg(d.state.path())
+        .args([
+            "--bridge",
+            "drtnever",
+            "--cgroup-parent",
+            "drums-test-never",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already uses state directory"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A CLI that cannot reach a daemon says so with its own code.
+    let o = std::process::Command::new(common::bin_dir().join("drums"))
+        .args([
+            "--socket",
+            "/nonexistent/drumsd.sock",
+            "--no-autostart",
+            "ps",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5));
+    d.stop_and_check_leaks();
+}
+
+/// Responses carry what the OpenAPI document requires.
+#[test]
+fn responses_follow_the_openapi_document() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let c = &d.client;
+        let v: serde_json::Value = c
+            .json(Method::GET, "/v1/version", None::<&()>)
+            .await
+            .unwrap();
+        assert_schema("Version", &v);
+        let v: serde_json::Value = c
+            .json(Method::GET, "/v1/images", None::<&()>)
+            .await
+            .unwrap();
+        assert_schema("ImageList", &v);
+        assert_schema("Image", &v["images"][0]);
+        let v: serde_json::Value = c
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        assert_schema("SessionList", &v);
+        let r = c
+            .call(Method::GET, "/v1/sessions/nope", None::<&()>)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(r, drums_api::ClientError::Api { status: 404, ref kind, .. } if kind == "not_found"),
+            "{r:?}"
+        );
+        let resp = c
+            .send(
+                hyper::Request::post("/v1/sessions")
+                    .header("host", "d")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                        b"{\"nme\":1}",
+                    )))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        let body = c.read_body(resp).await.unwrap();
+        assert_schema("ErrorBody", &serde_json::from_slice(&body).unwrap());
+    });
+    d.stop_and_check_leaks();
+}
