@@ -1,0 +1,153 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "drums",
+    version,
+    about = "Sandboxes for AI agents: sessions, checkpoints, forks"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// drumsd's state directory (used to find and, if needed, start the daemon).
+    #[arg(
+        long,
+        env = "DRUMS_STATE_DIR",
+        default_value = "/var/lib/drums",
+        global = true
+    )]
+    pub state_dir: PathBuf,
+    /// drumsd's socket; default STATE_DIR/drumsd.sock.
+    #[arg(long, env = "DRUMS_SOCKET", global = true)]
+    pub socket: Option<PathBuf>,
+    /// Never start a daemon; fail if none answers.
+    #[arg(long, env = "DRUMS_NO_AUTOSTART", global = true)]
+    pub no_autostart: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a session and print its id once it is ready.
+    Create(CreateArgs),
+    /// Run a command in a session; streams its output and exits with its code.
+    Exec(ExecArgs),
+    /// Copy a file between the host and a session (SESSION:PATH), either way.
+    Cp { src: String, dst: String },
+    /// List sessions.
+    Ps {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove sessions and everything they own.
+    Rm {
+        #[arg(required = true)]
+        sessions: Vec<String>,
+    },
+    /// List images.
+    Images {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show what drums does, on this machine, in a minute.
+    Demo,
+    /// Benchmarks that print the same tables every time.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[arg(long, default_value = "headless")]
+    pub profile: String,
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Memory limit: bytes, or with a K, M or G suffix.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// CPU limit in cores (e.g. 0.5).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// bridge (own address, reachable from the host, no egress) or none.
+    #[arg(long)]
+    pub network: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    pub session: String,
+    /// User name or uid inside the session.
+    #[arg(long, short)]
+    pub user: Option<String>,
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// K=V, repeatable.
+    #[arg(long = "env", short)]
+    pub env: Vec<String>,
+    /// Seconds before the command is killed.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Cold start: create-to-ready latency, and host memory per added session.
+    Start {
+        #[arg(long, default_value = "headless")]
+        profile: String,
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parse "512M", "1G", "1048576".
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: use bytes or a number with K, M or G"))?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("invalid size {s:?}: must be positive"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1M").is_err());
+    }
+}

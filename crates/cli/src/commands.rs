@@ -1,0 +1,321 @@
+//! One function per subcommand; each is a request or two to drumsd.
+
+use std::io::Write;
+use std::path::Path;
+
+use base64::Engine;
+use bytes::Bytes;
+use drums_api::{
+    Client, CreateSession, ExecFrame, ExecRequest, ImageList, Limits, Session, SessionList,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+
+use crate::args::{parse_size, CreateArgs, ExecArgs};
+use crate::exit::{self, Failure};
+use crate::table;
+
+pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
+    let memory_bytes = a
+        .memory
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(Failure::usage)?;
+    Ok(CreateSession {
+        name: a.name.clone(),
+        profile: Some(a.profile.clone()),
+        image: a.image.clone(),
+        limits: Limits {
+            memory_bytes,
+            pids_max: a.pids,
+            cpus: a.cpus,
+        },
+        network: a.network.clone(),
+    })
+}
+
+pub async fn create(c: &Client, a: &CreateArgs) -> Result<i32, Failure> {
+    let req = create_request(a)?;
+    let s: Session = c.json(Method::POST, "/v1/sessions", Some(&req)).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("serialize"));
+    } else {
+        println!("{}", s.id);
+    }
+    Ok(exit::OK)
+}
+
+/// Run a command and stream its output; returns the exit code to exit with.
+pub async fn exec(c: &Client, a: &ExecArgs) -> Result<i32, Failure> {
+    let mut env = std::collections::BTreeMap::new();
+    for kv in &a.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| Failure::usage(format!("--env {kv:?}: use KEY=VALUE")))?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let timeout_ms = match a.timeout {
+        Some(t) if !(t.is_finite() && t > 0.0) => {
+            return Err(Failure::usage(format!("--timeout {t}: must be positive")))
+        }
+        t => t.map(|t| (t * 1000.0) as u64),
+    };
+    let req = ExecRequest {
+        argv: a.cmd.clone(),
+        env,
+        cwd: a.cwd.clone(),
+        user: a.user.clone(),
+        timeout_ms,
+    };
+    run_exec(
+        c,
+        &a.session,
+        &req,
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )
+    .await
+}
+
+/// The streaming exec, writing to the given sinks (the demo captures them).
+pub async fn run_exec(
+    c: &Client,
+    session: &str,
+    req: &ExecRequest,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let resp = c
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{}/exec", enc(session)),
+            Some(req),
+        )
+        .await?;
+    let mut body = resp.into_body();
+    let mut buf: Vec<u8> = Vec::new();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Failure::new(exit::INTERNAL, format!("exec stream broke: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let f: ExecFrame = serde_json::from_slice(&line)
+                .map_err(|e| Failure::new(exit::INTERNAL, format!("unreadable exec frame: {e}")))?;
+            match f {
+                ExecFrame::Output { stream, data } => {
+                    let bytes = b64.decode(data).map_err(|e| {
+                        Failure::new(exit::INTERNAL, format!("exec frame data: {e}"))
+                    })?;
+                    let w: &mut dyn Write = if stream == "stderr" { err } else { out };
+                    let _ = w.write_all(&bytes).and_then(|_| w.flush());
+                }
+                ExecFrame::Exit { exit: st } => {
+                    return Ok(if st.timed_out {
+                        let _ = writeln!(err, "drums: command timed out and was killed");
+                        exit::TIMED_OUT
+                    } else if let Some(code) = st.code {
+                        code
+                    } else {
+                        128 + st.signal.unwrap_or(0)
+                    });
+                }
+            }
+        }
+    }
+    Err(Failure::new(
+        exit::INTERNAL,
+        "exec stream ended without an exit status",
+    ))
+}
+
+/// `SESSION:PATH` → Some((session, path)); a local path → None.
+pub fn split_remote(s: &str) -> Option<(&str, &str)> {
+    let (sess, path) = s.split_once(':')?;
+    // A local path may contain ':' too; a session name never contains '/'.
+    if sess.is_empty() || sess.contains('/') {
+        return None;
+    }
+    Some((sess, path))
+}
+
+pub async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32, Failure> {
+    match (split_remote(src), split_remote(dst)) {
+        (None, Some((sess, path))) => {
+            let data = std::fs::read(src).map_err(|e| cp_local_err("read", src, e))?;
+            let mode = std::fs::metadata(src)
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+                .unwrap_or(0o644);
+            let mut path = path.to_owned();
+            if path.ends_with('/') {
+                path.push_str(&basename(src));
+            }
+            let uri = format!(
+                "/v1/sessions/{}/files?path={}&mode={:o}",
+                enc(sess),
+                enc(&path),
+                mode
+            );
+            let req = Request::builder()
+                .method(Method::PUT)
+                .uri(uri)
+                .header("host", "drums")
+                .header("content-type", "application/octet-stream")
+                .body(Full::new(Bytes::from(data)))
+                .expect("valid request");
+            let resp = c.send(req).await?;
+            c.check(resp).await?;
+            Ok(exit::OK)
+        }
+        (Some((sess, path)), None) => {
+            let uri = format!("/v1/sessions/{}/files?path={}", enc(sess), enc(path));
+            let resp = c.call(Method::GET, &uri, None::<&()>).await?;
+            let bytes = c.read_body(resp).await?;
+            let mut target = std::path::PathBuf::from(dst);
+            if target.is_dir() {
+                target.push(basename(path));
+            }
+            std::fs::write(&target, &bytes)
+                .map_err(|e| cp_local_err("write", &target.display().to_string(), e))?;
+            Ok(exit::OK)
+        }
+        (Some(_), Some(_)) => Err(Failure::usage(
+            "cp between two sessions is not supported; copy through the host",
+        )),
+        (None, None) => Err(Failure::usage("cp needs one side as SESSION:PATH")),
+    }
+}
+
+fn cp_local_err(op: &str, path: &str, e: std::io::Error) -> Failure {
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        exit::NOT_FOUND
+    } else {
+        exit::INTERNAL
+    };
+    Failure::new(code, format!("{op} {path}: {e}"))
+}
+
+fn basename(p: &str) -> String {
+    Path::new(p)
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into())
+}
+
+/// Percent-encode a query or path component.
+pub fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
+    let l: SessionList = c.json(Method::GET, "/v1/sessions", None::<&()>).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
+        return Ok(exit::OK);
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = l
+        .sessions
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                s.name.clone(),
+                s.profile.clone(),
+                s.state.clone(),
+                s.ip.clone().unwrap_or_else(|| "-".into()),
+                s.hostname.clone(),
+                format!("{}s", (now - s.created_at_ms).max(0) / 1000),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["ID", "NAME", "PROFILE", "STATE", "IP", "HOSTNAME", "AGE"],
+            &rows
+        )
+    );
+    Ok(exit::OK)
+}
+
+pub async fn rm(c: &Client, sessions: &[String]) -> Result<i32, Failure> {
+    let mut code = exit::OK;
+    for s in sessions {
+        match c
+            .call(
+                Method::DELETE,
+                &format!("/v1/sessions/{}", enc(s)),
+                None::<&()>,
+            )
+            .await
+        {
+            Ok(_) => println!("{s}"),
+            Err(e) => {
+                let f = Failure::from(e);
+                eprintln!("drums: rm {s}: {}", f.message);
+                code = f.code;
+            }
+        }
+    }
+    Ok(code)
+}
+
+pub async fn images(c: &Client, json: bool) -> Result<i32, Failure> {
+    let l: ImageList = c.json(Method::GET, "/v1/images", None::<&()>).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
+        return Ok(exit::OK);
+    }
+    let rows: Vec<Vec<String>> = l
+        .images
+        .iter()
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                format!("{} ({})", i.suite, i.variant),
+                format!("{} MiB", i.size_bytes >> 20),
+                i.packages.join(" "),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["NAME", "SUITE", "SIZE", "PACKAGES"], &rows)
+    );
+    Ok(exit::OK)
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths() {
+        assert_eq!(split_remote("s1:/etc/hosts"), Some(("s1", "/etc/hosts")));
+        assert_eq!(split_remote("./a:b"), None);
+        assert_eq!(split_remote("/tmp/x"), None);
+        assert_eq!(split_remote(":x"), None);
+        assert_eq!(enc("/a b&c"), "/a%20b%26c");
+    }
+}

@@ -1,0 +1,68 @@
+//! Exit codes, distinct per kind of failure so scripts can tell them apart.
+//! `drums exec` exits with the command's own code instead (127 when the
+//! command does not exist in the session, 124 on timeout, 128+N on signal N).
+
+use drums_api::ClientError;
+
+pub const OK: i32 = 0;
+/// An internal error of drums or the daemon.
+pub const INTERNAL: i32 = 1;
+/// Bad usage or invalid input (clap uses 2 as well).
+pub const USAGE: i32 = 2;
+/// The session, image or file named does not exist.
+pub const NOT_FOUND: i32 = 3;
+/// The name is taken.
+pub const CONFLICT: i32 = 4;
+/// No daemon could be reached or started.
+pub const UNAVAILABLE: i32 = 5;
+pub const COMMAND_NOT_FOUND: i32 = 127;
+pub const TIMED_OUT: i32 = 124;
+
+/// An error with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: i32, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(USAGE, message)
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Failure {
+        let code = match &e {
+            ClientError::Api { status: 400, .. } => USAGE,
+            ClientError::Api { kind, .. } if kind == "command_not_found" => COMMAND_NOT_FOUND,
+            ClientError::Api { status: 404, .. } => NOT_FOUND,
+            ClientError::Api { status: 409, .. } => CONFLICT,
+            ClientError::Connect { .. } => UNAVAILABLE,
+            _ => INTERNAL,
+        };
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            message.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        Failure { code, message }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Failure {
+        Failure {
+            code: INTERNAL,
+            message: format!("{e:#}"),
+        }
+    }
+}

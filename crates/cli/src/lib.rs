@@ -1,0 +1,12 @@
+//! The `drums` command: a thin client of drumsd's API. If no daemon answers, it
+//! starts one for the local user (the embedded default).
+
+pub mod args;
+pub mod bench;
+pub mod commands;
+pub mod connect;
+pub mod demo;
+pub mod exit;
+pub mod table;
+
+pub use args::Cli;

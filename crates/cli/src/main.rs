@@ -1,0 +1,38 @@
+//! drums: parse the command line, connect to drumsd, run one subcommand.
+
+use clap::Parser;
+use drums_cli::args::{BenchCommand, Command};
+use drums_cli::{bench, commands, connect, demo, Cli};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli).await {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("drums: {}", f.message);
+            f.code
+        }
+    };
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
+    if let Command::Create(a) = &cli.command {
+        // Refuse bad input before a daemon is started for it.
+        commands::create_request(a)?;
+    }
+    let c = connect::client(&cli.global).await?;
+    match &cli.command {
+        Command::Create(a) => commands::create(&c, a).await,
+        Command::Exec(a) => commands::exec(&c, a).await,
+        Command::Cp { src, dst } => commands::cp(&c, src, dst).await,
+        Command::Ps { json } => commands::ps(&c, *json).await,
+        Command::Rm { sessions } => commands::rm(&c, sessions).await,
+        Command::Images { json } => commands::images(&c, *json).await,
+        Command::Demo => demo::run(&c).await,
+        Command::Bench(BenchCommand::Start { profile, n, json }) => {
+            bench::start(&c, profile, *n, *json).await
+        }
+    }
+}
