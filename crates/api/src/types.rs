@@ -52,6 +52,15 @@ pub struct Session {
     pub created_at_ms: i64,
 }
 
+/// `GET /v1/sessions/{id}/stats`: what the session's cgroup accounts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStats {
+    /// Memory charged to the session (anonymous memory and page cache).
+    pub memory_bytes: Option<u64>,
+    /// Live processes.
+    pub pids: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionList {
     pub sessions: Vec<Session>,

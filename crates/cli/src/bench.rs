@@ -46,6 +46,18 @@ fn host_used_mib() -> f64 {
     (field("MemTotal:") - field("MemAvailable:")) / 1024.0
 }
 
+/// Host memory, as the median of several readings: other work on a shared
+/// machine moves MemAvailable by more than one session weighs.
+async fn host_used_median() -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..7 {
+        v.push(host_used_mib());
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    v[v.len() / 2]
+}
+
 async fn create(c: &Client, profile: &str) -> Result<(Session, f64), Failure> {
     let req = CreateSession {
         profile: Some(profile.into()),
@@ -82,7 +94,7 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
         remove(c, &s).await?;
         cold.push(t);
         if !as_json {
-            eprint!("\rcold start {}/{n}: {:.1} ms   ", i + 1, t * 1e3);
+            eprint!("\r\x1b[Kcold start {}/{n}: {:.1} ms", i + 1, t * 1e3);
         }
     }
     if !as_json {
@@ -91,16 +103,16 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     cold.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
 
     // Memory: settle, measure, add sessions, measure again.
-    let settle = || tokio::time::sleep(std::time::Duration::from_millis(1500));
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(1000));
     settle().await;
-    let mut points = vec![(0.0, host_used_mib())];
+    let mut points = vec![(0.0, host_used_median().await)];
     let mut live = Vec::new();
     for target in [1usize, 4, 8] {
         while live.len() < target {
             live.push(create(c, profile).await?.0);
         }
         settle().await;
-        points.push((target as f64, host_used_mib()));
+        points.push((target as f64, host_used_median().await));
         if !as_json {
             eprintln!(
                 "memory with {target} sessions: {:.0} MiB used on the host",
@@ -108,6 +120,19 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
             );
         }
     }
+    // What each session's own cgroup is charged: exact where the host figure is noisy.
+    let mut charged = Vec::new();
+    for s in &live {
+        let st: drums_api::SessionStats = c
+            .json(
+                Method::GET,
+                &format!("/v1/sessions/{}/stats", enc(&s.id)),
+                None::<&()>,
+            )
+            .await?;
+        charged.push(st.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64);
+    }
+    let charged_mean = charged.iter().sum::<f64>() / charged.len().max(1) as f64;
     for s in &live {
         remove(c, s).await?;
     }
@@ -123,6 +148,7 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
             "cold.min": cold[0],
             "cold.max": cold[cold.len() - 1],
             "mem.per_session_mib": per_session,
+            "mem.cgroup_per_session_mib": charged_mean,
             "mem.points": points.iter().map(|(k, m)| json!({"sessions": *k as u64, "host_used_mib": m})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
@@ -138,6 +164,10 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
             vec![
                 "host memory per added session".into(),
                 format!("{per_session:.1} MiB (slope over 1, 4, 8)"),
+            ],
+            vec![
+                "memory charged to a session's cgroup".into(),
+                format!("{charged_mean:.1} MiB (mean of 8)"),
             ],
         ];
         println!("drums bench start --profile {profile} -n {n}");

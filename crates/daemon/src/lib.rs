@@ -19,6 +19,10 @@ use tracing::{info, warn};
 /// Run the daemon until SIGTERM or SIGINT, then remove every session and the
 /// daemon's own resources.
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    // Handlers first: a SIGTERM that arrives while the manager starts (the
+    // sweep can take seconds) is kept, and ends the daemon cleanly once it
+    // serves, instead of killing it with the store still mounted.
+    let shutdown = shutdown_signal()?;
     let cfg = args.manager_config()?;
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("create state directory {}", cfg.state_dir.display()))?;
@@ -43,7 +47,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     info!(socket = %socket.display(), state = %cfg.state_dir.display(), "drumsd ready");
 
     let app = server::router(manager.clone());
-    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let served = serve.await.context("serve api");
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
@@ -76,12 +80,14 @@ fn bind(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
     Ok(l)
 }
 
-async fn shutdown_signal() {
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    })
 }

@@ -26,6 +26,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/sessions"),
     ("get", "/v1/sessions/{session}"),
     ("delete", "/v1/sessions/{session}"),
+    ("get", "/v1/sessions/{session}/stats"),
     ("post", "/v1/sessions/{session}/exec"),
     ("get", "/v1/sessions/{session}/files"),
     ("put", "/v1/sessions/{session}/files"),
@@ -40,6 +41,7 @@ pub fn router(m: AppState) -> Router {
         .route("/v1/images", get(images))
         .route("/v1/sessions", get(list).post(create))
         .route("/v1/sessions/{session}", get(show).delete(remove))
+        .route("/v1/sessions/{session}/stats", get(stats))
         .route("/v1/sessions/{session}/exec", post(exec))
         .route("/v1/sessions/{session}/files", get(to_guest).put(to_guest))
         .route("/v1/sessions/{session}/dir", get(to_guest))
@@ -125,6 +127,13 @@ async fn show(
 async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
     m.remove(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn stats(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::SessionStats>> {
+    Ok(Json(m.stats(&id)?))
 }
 
 async fn exec(State(m): State<AppState>, Path(id): Path<String>, req: Request) -> Result<Response> {

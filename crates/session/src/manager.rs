@@ -186,6 +186,16 @@ impl Manager {
             .ok_or_else(|| SessionError::NotFound(id_or_name.to_owned()))
     }
 
+    /// What the session's cgroup accounts right now.
+    pub fn stats(&self, id_or_name: &str) -> Result<drums_api::SessionStats, SessionError> {
+        let rec = self.record(id_or_name)?;
+        let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        Ok(drums_api::SessionStats {
+            memory_bytes: cg.memory_usage(),
+            pids: cg.pids().map(|p| p.len() as u64)?,
+        })
+    }
+
     /// The guest agent's socket of a running session, reached through its init's
     /// view of the file system.
     pub fn guest_socket(&self, s: &Session) -> Result<PathBuf, SessionError> {
