@@ -1,0 +1,388 @@
+//! drums-criu: checkpoint and restore of a session's process tree through
+//! CRIU's RPC (`criu swrk`).
+//!
+//! - [`request`] holds every CRIU option drums sets, each with its reason.
+//! - `swrk` is the transport: one `criu swrk` per request over a socketpair,
+//!   notifications answered through a callback.
+//! - [`CriuError`] carries CRIU's errno, the log path and its last error lines.
+//!
+//! The message types are rust-criu's generated rpc.proto types (identical to
+//! CRIU 4.2.1's); its client is not used.
+//!
+//! Restored trees are children of the calling process (see
+//! [`RestoreReport::pid`]): the caller must reap them.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+use rust_criu::rust_criu_protobuf::rpc::{Criu_req_type, Criu_resp};
+
+mod error;
+pub mod request;
+mod swrk;
+
+pub use error::{log_tail, CriuError, Op};
+pub use swrk::NotifyFn;
+
+/// Names of the notifications CRIU sends, in the order they arrive.
+pub mod script {
+    pub const PRE_DUMP: &str = "pre-dump";
+    /// CRIU asks which external files to dump; drums has none to add.
+    pub const QUERY_EXT_FILES: &str = "query-ext-files";
+    /// The tree is frozen (and stays frozen) until this is acknowledged: the
+    /// place to snapshot the session's files consistently with the image.
+    pub const POST_DUMP: &str = "post-dump";
+    pub const PRE_RESTORE: &str = "pre-restore";
+    /// The restored root exists (its pid is given) but runs nothing yet:
+    /// the place to move its veth ends and configure the host side.
+    pub const SETUP_NAMESPACES: &str = "setup-namespaces";
+    pub const POST_SETUP_NAMESPACES: &str = "post-setup-namespaces";
+    pub const POST_RESTORE: &str = "post-restore";
+    pub const PRE_RESUME: &str = "pre-resume";
+    pub const POST_RESUME: &str = "post-resume";
+}
+
+/// How CRIU keeps the tree's network quiet while it is frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkLock {
+    /// No lock: for trees with no TCP connections worth protecting.
+    Skip,
+    /// nftables lock: ~12 ms more frozen time, for trees whose TCP
+    /// connections must not see resets or lost packets.
+    Nftables,
+}
+
+#[derive(Debug, Clone)]
+pub struct DumpOpts {
+    /// Root of the tree (a session's PID 1, as a host pid).
+    pub pid: i32,
+    /// Must exist; the image and dump.log go there.
+    pub images_dir: PathBuf,
+    pub leave_running: bool,
+    /// v1 freezer cgroup dir of the tree: a faster, race-free freeze than ptrace.
+    pub freeze_cgroup: Option<PathBuf>,
+    /// (mountpoint inside the tree, key): bind mounts from the host.
+    pub external_mounts: Vec<(String, String)>,
+    pub network_lock: NetworkLock,
+    pub tcp_established: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreOpts {
+    /// Used read-only (concurrent restores share it); opened as a dir fd.
+    pub images_dir: PathBuf,
+    /// Must exist; per-restore home of restore.log and stats-restore.
+    pub work_dir: PathBuf,
+    /// The new root (a merged overlay dir). Mandatory: CRIU 4.2.1 crashes
+    /// restoring a mount namespace without one.
+    pub root: PathBuf,
+    /// (key, host path), matching the dump's keys.
+    pub external_mounts: Vec<(String, PathBuf)>,
+    /// (name inside, host-side name).
+    pub veth_pairs: Vec<(String, String)>,
+    /// cgroup.procs files swrk joins before restoring, so the restored tree
+    /// lands in them (CRIU's own cgroup handling is off).
+    pub join_cgroups: Vec<PathBuf>,
+    /// Must match the dump's.
+    pub network_lock: NetworkLock,
+    /// Must be true if the dump allowed established TCP connections.
+    pub tcp_established: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct DumpReport {
+    /// Whole request, including swrk start-up (~50 ms of it).
+    pub elapsed: Duration,
+    /// From the pre-dump to the post-dump acknowledgement: an upper bound of
+    /// how long the tree was frozen (CRIU freezes after pre-dump and thaws
+    /// after post-dump). `None` if either notification was missing.
+    pub frozen_at_most: Option<Duration>,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// Host pid of the restored root. CRIU creates it as a child of the
+    /// calling process (rst_sibling), so the caller must `waitpid` it.
+    pub pid: i32,
+    pub elapsed: Duration,
+    pub log: PathBuf,
+}
+
+/// A handle on one CRIU binary. Each call runs its own `criu swrk`, so one
+/// `Criu` can serve concurrent dumps and restores.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    bin: PathBuf,
+}
+
+/// Where a source-built CRIU lands (`make install`), and often not in root's PATH.
+const FALLBACK_DIR: &str = "/usr/local/sbin";
+
+impl Criu {
+    /// `criu` from PATH, else /usr/local/sbin/criu.
+    pub fn new() -> Result<Criu, CriuError> {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain(std::iter::once(PathBuf::from(FALLBACK_DIR)))
+            .map(|d| d.join("criu"))
+            .find(|p| is_executable(p))
+            .map(Criu::with_binary)
+            .ok_or(CriuError::NotFound)
+    }
+
+    pub fn with_binary(bin: impl Into<PathBuf>) -> Criu {
+        Criu { bin: bin.into() }
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.bin
+    }
+
+    /// CRIU's version as `criu --version` prints it, e.g. "4.2.1".
+    pub fn version(&self) -> Result<String, CriuError> {
+        let op = Op::Version;
+        let ex = swrk::exchange(
+            &self.bin,
+            op,
+            &request::version_request(),
+            &[],
+            &mut |_, _| Ok(()),
+        )?;
+        let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, Path::new(""))?;
+        check_success(op, &resp, Path::new(""), &ex.stderr)?;
+        let v = resp
+            .version
+            .as_ref()
+            .ok_or_else(|| CriuError::UnexpectedResponse {
+                op,
+                got: "a response without version".into(),
+                want: "VERSION".into(),
+            })?;
+        // Mirrors criu --version: the sublevel is printed only when non-zero.
+        let mut s = format!("{}.{}", v.major_number(), v.minor_number());
+        if v.sublevel() != 0 {
+            s.push_str(&format!(".{}", v.sublevel()));
+        }
+        Ok(s)
+    }
+
+    /// Dump the tree rooted at `o.pid` into `o.images_dir`.
+    ///
+    /// `on_notify(script, pid)` is called for every notification (see
+    /// [`script`]); the tree is frozen during post-dump until it returns. An
+    /// `Err` makes CRIU abort the dump and thaw the tree; the images written
+    /// so far must then be discarded.
+    pub fn dump(
+        &self,
+        o: &DumpOpts,
+        on_notify: &mut NotifyFn<'_>,
+    ) -> Result<DumpReport, CriuError> {
+        let op = Op::Dump;
+        let start = Instant::now();
+        // Kept open until the exchange ends: CRIU opens it as /proc/<us>/fd/<n>.
+        let images = open_dir(op, "open images dir", &o.images_dir)?;
+        let log = o.images_dir.join(request::DUMP_LOG);
+        let req = request::dump_request(o, images.as_raw_fd());
+        let ex = swrk::exchange(&self.bin, op, &req, &[], on_notify)?;
+        drop(images);
+        let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, &log)?;
+        if let Some((script, reason)) = ex.notify_failure {
+            return Err(notify_error(op, script, reason, &log));
+        }
+        check_success(op, &resp, &log, &ex.stderr)?;
+        check_type(op, &resp, Criu_req_type::DUMP)?;
+        let at = |name: &str| {
+            ex.notifications
+                .iter()
+                .find(|(s, _)| s == name)
+                .map(|(_, t)| *t)
+        };
+        let frozen_at_most = match (at(script::PRE_DUMP), at(script::POST_DUMP)) {
+            (Some(a), Some(b)) => Some(b.saturating_duration_since(a)),
+            _ => None,
+        };
+        Ok(DumpReport {
+            elapsed: start.elapsed(),
+            frozen_at_most,
+            log,
+        })
+    }
+
+    /// Restore the image in `o.images_dir` under `o.root`, as a new tree
+    /// whose root becomes a child of the calling process.
+    ///
+    /// `on_notify(script, pid)` is called for every notification; pid is the
+    /// restored root's host pid for setup-namespaces and post-restore. An
+    /// `Err` makes CRIU abort and kill the partly restored tree.
+    pub fn restore(
+        &self,
+        o: &RestoreOpts,
+        on_notify: &mut NotifyFn<'_>,
+    ) -> Result<RestoreReport, CriuError> {
+        let op = Op::Restore;
+        let start = Instant::now();
+        let images = open_dir(op, "open images dir", &o.images_dir)?;
+        let work = open_dir(op, "open work dir", &o.work_dir)?;
+        if !o.root.is_dir() {
+            return Err(CriuError::Path {
+                op,
+                what: "root",
+                path: o.root.clone(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
+        let log = o.work_dir.join(request::RESTORE_LOG);
+        let req = request::restore_request(o, images.as_raw_fd(), work.as_raw_fd());
+        let ex = swrk::exchange(&self.bin, op, &req, &o.join_cgroups, on_notify)?;
+        drop((images, work));
+
+        let result = (|| {
+            let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, &log)?;
+            if let Some((script, reason)) = ex.notify_failure {
+                return Err(notify_error(op, script, reason, &log));
+            }
+            check_success(op, &resp, &log, &ex.stderr)?;
+            check_type(op, &resp, Criu_req_type::RESTORE)?;
+            let pid = resp.restore.as_ref().map(|r| r.pid()).unwrap_or(0);
+            if pid <= 0 {
+                return Err(CriuError::UnexpectedResponse {
+                    op,
+                    got: "a restore response without pid".into(),
+                    want: "RESTORE with pid".into(),
+                });
+            }
+            Ok(pid)
+        })();
+        match result {
+            Ok(pid) => Ok(RestoreReport {
+                pid,
+                elapsed: start.elapsed(),
+                log,
+            }),
+            Err(e) => {
+                // The root may already exist as our child (CLONE_PARENT) when a
+                // later stage fails; CRIU cannot reap it, so we do.
+                if let Some(pid) = ex.notified_pid {
+                    reap_failed_root(pid);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn open_dir(op: Op, what: &'static str, path: &Path) -> Result<File, CriuError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(path)
+        .map_err(|source| CriuError::Path {
+            op,
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn final_response(
+    op: Op,
+    resp: Option<Criu_resp>,
+    status: &std::process::ExitStatus,
+    stderr: &str,
+    log: &Path,
+) -> Result<Criu_resp, CriuError> {
+    resp.ok_or_else(|| CriuError::NoResponse {
+        op,
+        status: status.to_string(),
+        log: log.to_path_buf(),
+        tail: tail_or_none(log),
+        stderr: if stderr.is_empty() {
+            "(empty)".into()
+        } else {
+            stderr.to_string()
+        },
+    })
+}
+
+fn check_success(op: Op, resp: &Criu_resp, log: &Path, stderr: &str) -> Result<(), CriuError> {
+    if resp.success() {
+        return Ok(());
+    }
+    let mut tail = tail_or_none(log);
+    // Failures before CRIU opened its log (e.g. an unusable images dir) are
+    // only on stderr.
+    if !stderr.is_empty() {
+        tail.push_str("; stderr: ");
+        tail.push_str(stderr);
+    }
+    Err(CriuError::Failed {
+        op,
+        errno: resp.cr_errno(),
+        // CRIU sends its *first* error; a known-harmless one says nothing.
+        criu_msg: resp.cr_errmsg.clone().filter(|m| !error::is_harmless(m)),
+        log: log.to_path_buf(),
+        tail,
+    })
+}
+
+fn check_type(op: Op, resp: &Criu_resp, want: Criu_req_type) -> Result<(), CriuError> {
+    if resp.type_() == want {
+        return Ok(());
+    }
+    Err(CriuError::UnexpectedResponse {
+        op,
+        got: format!("{:?}", resp.type_()),
+        want: format!("{want:?}"),
+    })
+}
+
+fn notify_error(op: Op, script: String, reason: String, log: &Path) -> CriuError {
+    CriuError::Notify {
+        op,
+        script,
+        reason,
+        log: log.to_path_buf(),
+        tail: tail_or_none(log),
+    }
+}
+
+fn tail_or_none(log: &Path) -> String {
+    if log.as_os_str().is_empty() {
+        "(no log)".into()
+    } else {
+        log_tail(log)
+    }
+}
+
+/// Kill and reap a restored root left by a failed restore, but only if it is
+/// still our unreaped child: then its pid cannot have been reused.
+fn reap_failed_root(pid: i32) {
+    if parent_of(pid) != Some(std::process::id() as i32) {
+        return;
+    }
+    let pid = Pid::from_raw(pid);
+    let _ = kill(pid, Signal::SIGKILL);
+    let _ = waitpid(pid, None);
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The comm field may contain spaces and parentheses; fields after the last
+    // ')' are: state ppid ...
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
