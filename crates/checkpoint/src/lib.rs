@@ -1,0 +1,398 @@
+//! The checkpoint store's on-disk side: where a checkpoint's parts live, its
+//! versioned manifest, and the checks that refuse a checkpoint before CRIU
+//! ever sees it (another kernel or CPU, a truncated or corrupted image).
+//!
+//! A checkpoint is two artifacts taken while the session's tree was frozen:
+//! - the process images CRIU wrote, in `STATE/checkpoints/ID/images/`;
+//! - a read-only btrfs snapshot of the session's subvolume (its overlay upper
+//!   layer), at `STORE/checkpoints/ID`.
+//!
+//! `manifest.json` is written last and fsynced with its directory, and only
+//! then does the catalog publish the checkpoint.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The manifest format this build writes and reads. A change to [`Manifest`]
+/// or anything it contains needs a bump (see docs/formats.md).
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read manifest {path}")]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("checkpoint manifest format {found} is newer than this drums supports ({supported})")]
+    TooNew { found: u32, supported: u32 },
+    #[error("checkpoint was taken on {what} {theirs}, this host has {ours}: CRIU cannot restore it here")]
+    Incompatible {
+        what: &'static str,
+        theirs: String,
+        ours: String,
+    },
+    #[error("checkpoint image {file} is damaged: {detail}")]
+    Damaged { file: String, detail: String },
+}
+
+pub type Result<T> = std::result::Result<T, CheckpointError>;
+
+fn io(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let path = path.into();
+    move |source| CheckpointError::Io { op, path, source }
+}
+
+/// What a checkpoint needs from the host it is restored on. CRIU restores
+/// registers and memory as they were: another kernel may change the ABI of
+/// what it restores, and another CPU may lack instructions the processes
+/// already chose to use (glibc picks by CPU flags at start-up).
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFingerprint {
+    pub kernel: String,
+    pub arch: String,
+    pub cpu_vendor: String,
+    pub cpu_family: String,
+    /// The CPU's flags, sorted: a restore host must have all of them.
+    pub cpu_flags: Vec<String>,
+    pub criu_version: String,
+}
+
+impl HostFingerprint {
+    pub fn of_this_host(criu_version: &str) -> HostFingerprint {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let mut cpu_flags: Vec<String> = field("flags")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        cpu_flags.sort();
+        cpu_flags.dedup();
+        HostFingerprint {
+            kernel,
+            arch: std::env::consts::ARCH.to_owned(),
+            cpu_vendor: field("vendor_id"),
+            cpu_family: field("cpu family"),
+            cpu_flags,
+            criu_version: criu_version.to_owned(),
+        }
+    }
+
+    /// Can a checkpoint taken on `self` be restored on `here`?
+    pub fn check_restorable_on(&self, here: &HostFingerprint) -> Result<()> {
+        let same = |what: &'static str, a: &str, b: &str| {
+            if a == b {
+                Ok(())
+            } else {
+                Err(CheckpointError::Incompatible {
+                    what,
+                    theirs: a.to_owned(),
+                    ours: b.to_owned(),
+                })
+            }
+        };
+        same("kernel", &self.kernel, &here.kernel)?;
+        same("architecture", &self.arch, &here.arch)?;
+        same("CPU vendor", &self.cpu_vendor, &here.cpu_vendor)?;
+        same("CPU family", &self.cpu_family, &here.cpu_family)?;
+        let missing: Vec<&str> = self
+            .cpu_flags
+            .iter()
+            .filter(|f| here.cpu_flags.binary_search(f).is_err())
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(CheckpointError::Incompatible {
+                what: "CPU flags",
+                theirs: missing.join(" "),
+                ours: "none of those".into(),
+            });
+        }
+        same("CRIU version", &self.criu_version, &here.criu_version)
+    }
+}
+
+/// One image file and its checksum.
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageFile {
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// The session a checkpoint was taken of: what a restore recreates around it.
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceSession {
+    pub id: String,
+    pub name: String,
+    pub hostname: String,
+    pub profile: String,
+    pub image: String,
+    pub network: String,
+    pub limits: serde_json::Value,
+    /// The restore generation the session itself was at (0 if cold).
+    pub generation: u64,
+}
+
+/// `manifest.json`.
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub id: String,
+    pub name: String,
+    pub created_at_ms: i64,
+    pub session: SourceSession,
+    pub host: HostFingerprint,
+    /// Taken with `--clean`: a restore may reset browser state.
+    pub clean: bool,
+    pub leave_running: bool,
+    pub images: Vec<ImageFile>,
+    /// Time the tree was frozen for, and the dump as a whole.
+    pub frozen_ms: f64,
+    pub dump_ms: f64,
+}
+
+impl Manifest {
+    pub fn images_bytes(&self) -> u64 {
+        self.images.iter().map(|i| i.size).sum()
+    }
+
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join("manifest.json");
+        let text = std::fs::read(&path).map_err(io("read", &path))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|source| CheckpointError::Manifest {
+                path: path.clone(),
+                source,
+            })?;
+        let found = v
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0) as u32;
+        if found > FORMAT_VERSION {
+            return Err(CheckpointError::TooNew {
+                found,
+                supported: FORMAT_VERSION,
+            });
+        }
+        serde_json::from_value(v).map_err(|source| CheckpointError::Manifest { path, source })
+    }
+
+    /// Write `manifest.json` durably: temp file, fsync, rename, fsync the
+    /// directory. Before this returns, a crash leaves no manifest at all.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join(".manifest.json.tmp");
+        let path = dir.join("manifest.json");
+        let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
+        f.write_all(&serde_json::to_vec_pretty(self).expect("manifest serializes"))
+            .map_err(io("write", &tmp))?;
+        f.sync_all().map_err(io("fsync", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+        fsync_dir(dir)
+    }
+}
+
+/// Checksum every image file and fsync it and the directory: the images are on
+/// disk before the manifest that names them is.
+pub fn seal_images(images_dir: &Path) -> Result<Vec<ImageFile>> {
+    let mut out = Vec::new();
+    let rd = std::fs::read_dir(images_dir).map_err(io("list", images_dir))?;
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in names {
+        let p = images_dir.join(&name);
+        let meta = std::fs::metadata(&p).map_err(io("stat", &p))?;
+        if !meta.is_file() {
+            continue;
+        }
+        let f = File::open(&p).map_err(io("open", &p))?;
+        let sha256 = hash(&f, &p)?;
+        f.sync_all().map_err(io("fsync", &p))?;
+        out.push(ImageFile {
+            name,
+            size: meta.len(),
+            sha256,
+        });
+    }
+    fsync_dir(images_dir)?;
+    Ok(out)
+}
+
+/// Cheap check, for every restore: every image is there with its size.
+pub fn check_sizes(images_dir: &Path, images: &[ImageFile]) -> Result<()> {
+    for i in images {
+        let p = images_dir.join(&i.name);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.len() == i.size => {}
+            Ok(m) => {
+                return Err(CheckpointError::Damaged {
+                    file: i.name.clone(),
+                    detail: format!("{} bytes, the manifest says {}", m.len(), i.size),
+                })
+            }
+            Err(e) => {
+                return Err(CheckpointError::Damaged {
+                    file: i.name.clone(),
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Full check: every image's checksum.
+pub fn verify(images_dir: &Path, images: &[ImageFile]) -> Result<()> {
+    check_sizes(images_dir, images)?;
+    for i in images {
+        let p = images_dir.join(&i.name);
+        let f = File::open(&p).map_err(io("open", &p))?;
+        let got = hash(&f, &p)?;
+        if got != i.sha256 {
+            return Err(CheckpointError::Damaged {
+                file: i.name.clone(),
+                detail: "checksum mismatch".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn hash(mut f: &File, p: &Path) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io("read", p))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostFingerprint {
+        HostFingerprint::of_this_host("4.2.1")
+    }
+
+    #[test]
+    fn this_host_restores_its_own_and_refuses_others() {
+        let h = host();
+        h.check_restorable_on(&host()).unwrap();
+        let mut other = h.clone();
+        other.kernel = "5.10.0".into();
+        let e = other.check_restorable_on(&h).unwrap_err().to_string();
+        assert!(
+            e.starts_with("checkpoint was taken on kernel 5.10.0"),
+            "{e}"
+        );
+        let mut other = h.clone();
+        other.cpu_flags.push("zz_future_flag".into());
+        other.cpu_flags.sort();
+        assert!(other
+            .check_restorable_on(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("zz_future_flag"));
+    }
+
+    #[test]
+    fn sealed_images_detect_truncation_and_corruption() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("pages-1.img"), vec![7u8; 10_000]).unwrap();
+        std::fs::write(d.path().join("core-1.img"), b"core").unwrap();
+        let imgs = seal_images(d.path()).unwrap();
+        assert_eq!(imgs.len(), 2);
+        verify(d.path(), &imgs).unwrap();
+        std::fs::write(d.path().join("core-1.img"), b"cord").unwrap();
+        assert!(verify(d.path(), &imgs)
+            .unwrap_err()
+            .to_string()
+            .contains("checksum mismatch"));
+        std::fs::write(d.path().join("pages-1.img"), vec![7u8; 10]).unwrap();
+        let e = check_sizes(d.path(), &imgs).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "checkpoint image pages-1.img is damaged: 10 bytes, the manifest says 10000"
+        );
+    }
+
+    #[test]
+    fn manifest_round_trips_and_refuses_newer_formats() {
+        let d = tempfile::tempdir().unwrap();
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            id: "c".into(),
+            name: "n".into(),
+            created_at_ms: 1,
+            session: SourceSession {
+                id: "s".into(),
+                name: "s".into(),
+                hostname: "h".into(),
+                profile: "headless".into(),
+                image: "default".into(),
+                network: "bridge".into(),
+                limits: serde_json::json!({}),
+                generation: 0,
+            },
+            host: host(),
+            clean: false,
+            leave_running: true,
+            images: vec![],
+            frozen_ms: 1.0,
+            dump_ms: 2.0,
+        };
+        m.write(d.path()).unwrap();
+        assert_eq!(Manifest::read(d.path()).unwrap(), m);
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["format_version"] = 99.into();
+        std::fs::write(d.path().join("manifest.json"), v.to_string()).unwrap();
+        assert_eq!(
+            Manifest::read(d.path()).unwrap_err().to_string(),
+            "checkpoint manifest format 99 is newer than this drums supports (1)"
+        );
+    }
+}
