@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -37,6 +37,8 @@ pub enum CatalogError {
     },
     #[error("a session named {0:?} already exists")]
     NameTaken(String),
+    #[error("a checkpoint named {0:?} already exists")]
+    CheckpointNameTaken(String),
     #[error("no free address left in {0}")]
     PoolExhausted(String),
     #[error("decode {what} of session {id}")]
@@ -125,6 +127,10 @@ pub struct SessionRecord {
     pub limits: serde_json::Value,
     pub init_pid: Option<i32>,
     pub created_at_ms: i64,
+    /// How many restores separate this session from a cold start (0: cold).
+    pub generation: u64,
+    /// The checkpoint this session was restored from, if any.
+    pub origin: Option<String>,
 }
 
 /// An IPv4 pool to allocate session addresses from: `base` is the network
@@ -306,16 +312,102 @@ impl Catalog {
             ));
         }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
-                rec.limits.to_string(), rec.init_pid, rec.created_at_ms
+                rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin
             ],
         )
         .map_err(sql("insert session"))?;
         tx.commit().map_err(sql("commit insert session"))?;
         Ok(rec)
+    }
+
+    // ---- checkpoints ---------------------------------------------------------
+
+    /// Insert a checkpoint in state `pending`. Only `done` checkpoints are
+    /// visible to users; see [`Catalog::publish_checkpoint`].
+    pub fn insert_checkpoint(&self, rec: &CheckpointRecord) -> Result<()> {
+        let c = self.conn();
+        let r = c.execute(
+            "INSERT INTO checkpoints (id, name, session_id, state, created_at_ms, manifest)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                rec.id,
+                rec.name,
+                rec.session_id,
+                rec.state,
+                rec.created_at_ms,
+                rec.manifest.to_string()
+            ],
+        );
+        match r {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                Err(CatalogError::CheckpointNameTaken(rec.name.clone()))
+            }
+            r => r.map(|_| ()).map_err(sql("insert checkpoint")),
+        }
+    }
+
+    /// Publish: the manifest and state `done` in one statement, so a checkpoint
+    /// is either invisible or complete.
+    pub fn publish_checkpoint(&self, id: &str, manifest: &serde_json::Value) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE checkpoints SET state = 'done', manifest = ?2 WHERE id = ?1",
+                params![id, manifest.to_string()],
+            )
+            .map_err(sql("publish checkpoint"))?;
+        Ok(())
+    }
+
+    pub fn set_checkpoint_state(&self, id: &str, state: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE checkpoints SET state = ?2 WHERE id = ?1",
+                params![id, state],
+            )
+            .map_err(sql("update checkpoint"))?;
+        Ok(())
+    }
+
+    pub fn delete_checkpoint(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM checkpoints WHERE id = ?1", params![id])
+            .map_err(sql("delete checkpoint"))?;
+        Ok(())
+    }
+
+    /// A checkpoint by id or name, in any state.
+    pub fn checkpoint(&self, id_or_name: &str) -> Result<Option<CheckpointRecord>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(&format!("{SELECT_CHECKPOINT} WHERE id = ?1 OR name = ?1"))
+            .map_err(sql("get checkpoint"))?;
+        let row = st
+            .query_row(params![id_or_name], row_to_checkpoint)
+            .optional()
+            .map_err(sql("get checkpoint"))?;
+        row.map(decode_checkpoint).transpose()
+    }
+
+    /// Every checkpoint, in any state, oldest first.
+    pub fn checkpoints(&self) -> Result<Vec<CheckpointRecord>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(&format!("{SELECT_CHECKPOINT} ORDER BY created_at_ms, id"))
+            .map_err(sql("list checkpoints"))?;
+        let rows = st
+            .query_map([], row_to_checkpoint)
+            .map_err(sql("list checkpoints"))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(decode_checkpoint(r.map_err(sql("list checkpoints"))?)?);
+        }
+        Ok(out)
     }
 
     pub fn set_session_state(&self, id: &str, state: &str, init_pid: Option<i32>) -> Result<()> {
@@ -362,7 +454,46 @@ impl Catalog {
     }
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms FROM sessions";
+/// A checkpoint as the catalog stores it. The manifest itself lives next to
+/// the images (`manifest.json`); this copy makes listing cheap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub id: String,
+    pub name: String,
+    pub session_id: String,
+    /// pending | done | failed
+    pub state: String,
+    pub created_at_ms: i64,
+    pub manifest: serde_json::Value,
+}
+
+const SELECT_CHECKPOINT: &str =
+    "SELECT id, name, session_id, state, created_at_ms, manifest FROM checkpoints";
+
+fn row_to_checkpoint(r: &rusqlite::Row<'_>) -> rusqlite::Result<(CheckpointRecord, String)> {
+    Ok((
+        CheckpointRecord {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            session_id: r.get(2)?,
+            state: r.get(3)?,
+            created_at_ms: r.get(4)?,
+            manifest: serde_json::Value::Null,
+        },
+        r.get(5)?,
+    ))
+}
+
+fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<CheckpointRecord> {
+    rec.manifest = serde_json::from_str(&manifest).map_err(|source| CatalogError::Decode {
+        what: "manifest",
+        id: rec.id.clone(),
+        source,
+    })?;
+    Ok(rec)
+}
+
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -381,6 +512,8 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             limits: serde_json::Value::Null,
             init_pid: r.get(10)?,
             created_at_ms: r.get(11)?,
+            generation: r.get::<_, i64>(12)? as u64,
+            origin: r.get(13)?,
         },
         r.get(9)?,
     ))
@@ -436,6 +569,24 @@ fn migrate(conn: &Connection) -> Result<()> {
         )
         .map_err(sql("migrate to schema 1"))?;
     }
+    if version < 2 {
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE sessions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+             ALTER TABLE sessions ADD COLUMN origin TEXT;
+             CREATE TABLE checkpoints (
+                 id TEXT PRIMARY KEY,
+                 name TEXT NOT NULL UNIQUE,
+                 session_id TEXT NOT NULL,
+                 state TEXT NOT NULL,
+                 created_at_ms INTEGER NOT NULL,
+                 manifest TEXT NOT NULL
+             );
+             PRAGMA user_version = 2;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 2"))?;
+    }
     Ok(())
 }
 
@@ -464,6 +615,8 @@ mod tests {
             limits: serde_json::json!({"memory_bytes": 1}),
             init_pid: None,
             created_at_ms: 1,
+            generation: 0,
+            origin: None,
         }
     }
 
@@ -523,6 +676,49 @@ mod tests {
     }
 
     #[test]
+    fn checkpoints_publish_and_names_are_unique() {
+        let c = Catalog::in_memory().unwrap();
+        let mut r = CheckpointRecord {
+            id: "c1".into(),
+            name: "warm".into(),
+            session_id: "s".into(),
+            state: "pending".into(),
+            created_at_ms: 1,
+            manifest: serde_json::json!({}),
+        };
+        c.insert_checkpoint(&r).unwrap();
+        r.id = "c2".into();
+        assert!(
+            matches!(c.insert_checkpoint(&r), Err(CatalogError::CheckpointNameTaken(n)) if n == "warm")
+        );
+        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 1}))
+            .unwrap();
+        let got = c.checkpoint("warm").unwrap().unwrap();
+        assert_eq!(got.state, "done");
+        assert_eq!(got.manifest["format_version"], 1);
+        c.delete_checkpoint("c1").unwrap();
+        assert!(c.checkpoints().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_version_1_catalog_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.db");
+        {
+            let conn = Connection::open(&p).unwrap();
+            conn.execute_batch("CREATE TABLE sessions (id TEXT); CREATE TABLE resources (seq INTEGER); PRAGMA user_version = 1;")
+                .unwrap();
+        }
+        let c = Catalog::open(&p).unwrap();
+        assert!(c.checkpoints().unwrap().is_empty());
+        let v: i64 = c
+            .conn()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, 2);
+    }
+
+    #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.db");
@@ -534,7 +730,7 @@ mod tests {
         let e = Catalog::open(&p).err().unwrap();
         assert_eq!(
             e.to_string(),
-            "catalog schema version 99 is newer than this drums supports (1)"
+            "catalog schema version 99 is newer than this drums supports (2)"
         );
     }
 }
