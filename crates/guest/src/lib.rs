@@ -14,6 +14,8 @@
 //! - [`server`]: router, listeners, serving until a signal.
 //! - [`exec`]: `POST /v1/exec`, running commands with streamed output.
 //! - [`files`]: `/v1/files` and `/v1/dir`.
+//! - [`hygiene`]: `/v1/hygiene`, what a restored sibling changes inside
+//!   itself (hostname, machine-id, generation, the reseed protocol).
 //! - [`paths`]: lexical resolution of client paths.
 //! - [`users`]: `/etc/passwd` and `/etc/group` lookup without NSS.
 //! - [`error`]: the JSON error body.
@@ -21,9 +23,11 @@
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod hygiene;
 pub mod paths;
 pub mod server;
 pub mod users;
 
 pub use error::ApiError;
-pub use server::{router, serve, Listener, ServeError, Server, DEFAULT_SOCKET};
+pub use hygiene::HygieneConfig;
+pub use server::{router, router_with, serve, Listener, ServeError, Server, DEFAULT_SOCKET};

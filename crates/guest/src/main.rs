@@ -1,28 +1,39 @@
 //! `drums-guest --listen unix:/run/drums/guest.sock [--listen tcp:127.0.0.1:PORT]…`
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use drums_guest::{Listener, DEFAULT_SOCKET};
+use drums_guest::{HygieneConfig, Listener, DEFAULT_SOCKET};
 
 const USAGE: &str = "\
-usage: drums-guest [--listen ADDR]...
+usage: drums-guest [--listen ADDR]... [--etc-dir DIR] [--run-dir DIR]
 
 The drums guest agent: serves the guest API inside a session.
 
 options:
-  --listen ADDR   where to listen, repeatable; unix:/PATH or tcp:IP:PORT
-                  (default: unix:/run/drums/guest.sock)
-  -h, --help      print this help
-  -V, --version   print the version
+  --listen ADDR    where to listen, repeatable; unix:/PATH or tcp:IP:PORT
+                   (default: unix:/run/drums/guest.sock)
+  --etc-dir DIR    where /v1/hygiene rewrites hostname, hosts and machine-id
+                   (default: /etc; other values are for tests)
+  --run-dir DIR    where the generation file and the reseed directory are
+                   (default: /run/drums; other values are for tests)
+  -h, --help       print this help
+  -V, --version    print the version
 
 logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change the level.";
 
-fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<Listener>>, String> {
+struct Options {
+    listeners: Vec<Listener>,
+    hygiene: HygieneConfig,
+}
+
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let mut listeners = Vec::new();
+    let mut hygiene = HygieneConfig::default();
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
-        let value = match arg.as_str() {
+        let (name, value) = match arg.as_str() {
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -31,23 +42,42 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Vec<Listener>
                 println!("drums-guest {}", env!("CARGO_PKG_VERSION"));
                 return Ok(None);
             }
-            "--listen" => args.next().ok_or("--listen needs a value")?,
-            _ => match arg.strip_prefix("--listen=") {
-                Some(value) => value.to_owned(),
-                None => return Err(format!("unknown argument {arg:?}")),
+            "--listen" | "--etc-dir" | "--run-dir" => {
+                let value = args.next().ok_or_else(|| format!("{arg} needs a value"))?;
+                (arg.clone(), value)
+            }
+            _ => match arg.split_once('=') {
+                Some((name @ ("--listen" | "--etc-dir" | "--run-dir"), value)) => {
+                    (name.to_owned(), value.to_owned())
+                }
+                _ => return Err(format!("unknown argument {arg:?}")),
             },
         };
-        listeners.push(value.parse::<Listener>().map_err(|e| e.to_string())?);
+        match name.as_str() {
+            "--listen" => listeners.push(value.parse::<Listener>().map_err(|e| e.to_string())?),
+            "--etc-dir" => hygiene.etc_dir = absolute_dir(&name, &value)?,
+            _ => hygiene.run_dir = absolute_dir(&name, &value)?,
+        }
     }
     if listeners.is_empty() {
         listeners.push(Listener::Unix(DEFAULT_SOCKET.into()));
     }
-    Ok(Some(listeners))
+    Ok(Some(Options { listeners, hygiene }))
+}
+
+/// The agent's cwd is whatever init gave it, so a relative directory would
+/// mean something different from what the caller saw.
+fn absolute_dir(name: &str, value: &str) -> Result<PathBuf, String> {
+    if value.starts_with('/') {
+        Ok(value.into())
+    } else {
+        Err(format!("{name} must be an absolute path, got {value:?}"))
+    }
 }
 
 fn main() -> ExitCode {
-    let listeners = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(listeners)) => listeners,
+    let options = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(options)) => options,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("drums-guest: {e}\n\n{USAGE}");
@@ -80,7 +110,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(drums_guest::serve(listeners)) {
+    match runtime.block_on(drums_guest::serve(options.listeners, options.hygiene)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{}", drums_guest::error::chain(&e));

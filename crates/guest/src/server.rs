@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::error::ApiError;
+use crate::hygiene::{self, HygieneConfig, HygieneError};
 use crate::{exec, files};
 
 /// Where the daemon expects the agent inside the session.
@@ -98,15 +99,24 @@ pub enum ServeError {
     Signal(#[source] io::Error),
     #[error("server failed")]
     Serve(#[source] io::Error),
+    #[error("failed to prepare the reseed directory")]
+    Hygiene(#[source] HygieneError),
 }
 
-/// The whole API v1 as a router, for serving or for in-process tests.
+/// The whole API v1 as a router, for serving or for in-process tests, with
+/// the production hygiene paths.
 pub fn router() -> Router {
+    router_with(HygieneConfig::default())
+}
+
+/// The whole API v1, with the hygiene files under `hygiene`'s directories.
+pub fn router_with(hygiene: HygieneConfig) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/exec", post(exec::handler))
         .route("/v1/files", get(files::get_file).put(files::put_file))
         .route("/v1/dir", get(files::list_dir))
+        .merge(hygiene::router(hygiene))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(log_request))
@@ -196,6 +206,7 @@ enum Bound {
 /// callers (main, tests) know the sockets exist before anything connects.
 pub struct Server {
     bound: Vec<Bound>,
+    hygiene: HygieneConfig,
 }
 
 impl Server {
@@ -217,7 +228,17 @@ impl Server {
                 }
             });
         }
-        Ok(Self { bound })
+        Ok(Self {
+            bound,
+            hygiene: HygieneConfig::default(),
+        })
+    }
+
+    /// Serves the hygiene endpoints with these paths instead of the
+    /// production ones.
+    pub fn with_hygiene(mut self, hygiene: HygieneConfig) -> Self {
+        self.hygiene = hygiene;
+        self
     }
 
     /// The bound addresses, with the real port for `tcp:…:0`.
@@ -237,7 +258,7 @@ impl Server {
     /// practice does not happen: accept errors are retried by axum).
     pub async fn run(self) -> Result<(), ServeError> {
         type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
-        let router = router();
+        let router = router_with(self.hygiene);
         let mut futures: Vec<ServeFuture> = Vec::new();
         for bound in self.bound {
             let addr = match &bound {
@@ -344,11 +365,18 @@ pub fn shutdown_signal() -> Result<impl Future<Output = ()>, ServeError> {
     })
 }
 
-/// Binds `listeners` and serves until SIGINT/SIGTERM, then removes the unix
-/// sockets.
-pub async fn serve(listeners: Vec<Listener>) -> Result<(), ServeError> {
+/// Creates the reseed directory, binds `listeners` and serves until
+/// SIGINT/SIGTERM, then removes the unix sockets.
+pub async fn serve(listeners: Vec<Listener>, hygiene: HygieneConfig) -> Result<(), ServeError> {
     let shutdown = shutdown_signal()?;
-    Server::bind(listeners).await?.run_until(shutdown).await
+    // Before binding: once drumsd can reach the socket, processes may
+    // already be expected to have registered.
+    hygiene::init(&hygiene).map_err(ServeError::Hygiene)?;
+    Server::bind(listeners)
+        .await?
+        .with_hygiene(hygiene)
+        .run_until(shutdown)
+        .await
 }
 
 #[cfg(test)]

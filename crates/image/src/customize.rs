@@ -19,6 +19,21 @@ ff02::1\tip6-allnodes
 ff02::2\tip6-allrouters
 ";
 
+/// Where the Python hook goes: Debian's directory for distribution-installed
+/// modules, which every Debian `python3` has on `sys.path` (and whose `.pth`
+/// files `site` processes) whatever its minor version.
+pub const PYTHON_HOOK_DIR: &str = "usr/lib/python3/dist-packages";
+
+/// The reseed hook: registers each Python process for the guest agent's
+/// reseed signal and reseeds `random` (and numpy) when it comes. See
+/// `docs/hygiene.md`.
+pub const RESEED_MODULE: &str = include_str!("drums_reseed.py");
+
+/// `site` executes `import` lines of `.pth` files at start-up, so this makes
+/// every Python process (that runs `site`: not `python3 -S`, not a venv
+/// without system site-packages) import the hook.
+pub const RESEED_PTH: &str = "import drums_reseed\n";
+
 /// What drums needs in every image, applied to a fresh debootstrap tree.
 ///
 /// Kept deliberately small: anything that varies per session (machine id,
@@ -59,6 +74,22 @@ pub fn customize(rootfs: &Path) -> Result<(), ImageError> {
     let run = rootfs.join("run");
     fs::create_dir_all(&run).ctx("create directory", &run)?;
     fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).ctx("set permissions of", &run)?;
+
+    // Clone hygiene for Python: restored siblings must not continue with the
+    // same `random` state. Written even if python3 is not in the recipe, so
+    // that a python3 installed later in a session has the hook too.
+    let hook_dir = rootfs.join(PYTHON_HOOK_DIR);
+    fs::create_dir_all(&hook_dir).ctx("create directory", &hook_dir)?;
+    replace_file(
+        &hook_dir.join("drums_reseed.py"),
+        RESEED_MODULE.as_bytes(),
+        0o644,
+    )?;
+    replace_file(
+        &hook_dir.join("drums_reseed.pth"),
+        RESEED_PTH.as_bytes(),
+        0o644,
+    )?;
 
     // Size: package lists and downloaded .debs are only needed while
     // installing. Lists go stale anyway (a session runs `apt-get update`,
@@ -144,6 +175,14 @@ mod tests {
         assert!(root.join("var/cache/apt/archives/lock").exists());
         assert!(root.join("var/cache/apt/archives/partial").is_dir());
         assert!(!root.join("var/cache/apt/pkgcache.bin").exists());
+        assert_eq!(
+            read("usr/lib/python3/dist-packages/drums_reseed.py"),
+            RESEED_MODULE
+        );
+        assert_eq!(
+            read("usr/lib/python3/dist-packages/drums_reseed.pth"),
+            "import drums_reseed\n"
+        );
         let mode = fs::metadata(root.join("etc/hosts"))
             .unwrap()
             .permissions()
@@ -152,6 +191,60 @@ mod tests {
 
         // Idempotent.
         customize(root).unwrap();
+    }
+
+    /// The hook is Python source compiled only inside the image; a syntax
+    /// error there would break nothing in the build and every Python process
+    /// in every session (site prints the error for each one), so compile it
+    /// here.
+    #[test]
+    fn reseed_hook_compiles_and_is_inert_outside_drums() {
+        let tmp = tempfile::tempdir().unwrap();
+        customize(tmp.path()).unwrap();
+        let dir = tmp.path().join(PYTHON_HOOK_DIR);
+        let python = python3();
+        let out = std::process::Command::new(&python)
+            .args(["-m", "py_compile"])
+            .arg(dir.join("drums_reseed.py"))
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {python} (python3 is needed by this test): {e}")
+            });
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The .pth line works as site would run it, and outside a drums
+        // session (no reseed directory) the hook leaves SIGUSR2 and the run
+        // directory alone.
+        let run = tmp.path().join("no-run");
+        let out = std::process::Command::new(&python)
+            .args(["-S", "-c"])
+            .arg(format!(
+                "import sys, signal; sys.path.insert(0, {dir:?}); {line}; \
+                 print(signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)",
+                line = RESEED_PTH.trim()
+            ))
+            .env("DRUMS_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "True\n");
+        assert!(!run.exists());
+    }
+
+    /// Debian's interpreter, as in the images; any python3 otherwise.
+    fn python3() -> String {
+        if Path::new("/usr/bin/python3").exists() {
+            "/usr/bin/python3".into()
+        } else {
+            "python3".into()
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod recipe;
 mod sources;
 mod store;
 
-pub use customize::customize;
+pub use customize::{customize, PYTHON_HOOK_DIR, RESEED_MODULE, RESEED_PTH};
 pub use error::ImageError;
 pub use recipe::{Recipe, RECIPE_REVISION};
 pub use sources::mirror_from_apt_sources;

@@ -7,8 +7,10 @@ use crate::ImageError;
 /// [`crate::customize`]). It is part of [`Recipe::hash`], so bumping it makes
 /// every cached image stale and the next build redo it.
 ///
-/// Bump this whenever `customize()` changes.
-pub const RECIPE_REVISION: u32 = 1;
+/// Bump this whenever `customize()` changes. History:
+/// - 1: the first customization (identity files, hosts, apt caches);
+/// - 2: the Python reseed hook (`drums_reseed.py` and its `.pth`).
+pub const RECIPE_REVISION: u32 = 2;
 
 /// What goes into an image: everything that, when changed, requires a rebuild.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +62,9 @@ impl Recipe {
         let canonical = serde_json::json!({
             "kind": "drums-image-recipe",
             "revision": RECIPE_REVISION,
+            // The hook is written into every image: a change to it is a change
+            // to the image.
+            "reseed_hook": format!("{:x}", Sha256::digest(crate::RESEED_MODULE.as_bytes())),
             "suite": self.suite,
             "variant": self.variant,
             "packages": packages,
