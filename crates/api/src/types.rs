@@ -50,6 +50,12 @@ pub struct Session {
     pub limits: Limits,
     pub init_pid: Option<i32>,
     pub created_at_ms: i64,
+    /// Restores between this session and a cold start (0: cold).
+    #[serde(default)]
+    pub generation: u64,
+    /// The checkpoint this session was restored from.
+    #[serde(default)]
+    pub origin: Option<String>,
 }
 
 /// `GET /v1/sessions/{id}/stats`: what the session's cgroup accounts.
@@ -139,4 +145,86 @@ pub struct ErrorDetail {
     /// `command_not_found`, `path_escapes_root`, `internal`, ...
     pub kind: String,
     pub message: String,
+}
+
+/// `POST /v1/checkpoints`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCheckpoint {
+    /// Session id or name.
+    pub session: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The checkpoint may have its browser state reset on restore.
+    #[serde(default)]
+    pub clean: bool,
+    /// Keep the session running after the dump (default: it stops, as with
+    /// `podman container checkpoint`).
+    #[serde(default)]
+    pub leave_running: bool,
+}
+
+/// A published checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub id: String,
+    pub name: String,
+    pub session_id: String,
+    pub created_at_ms: i64,
+    pub clean: bool,
+    pub profile: String,
+    pub image: String,
+    pub format_version: u32,
+    pub images_bytes: u64,
+    pub dump_ms: f64,
+    pub frozen_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// `POST /v1/checkpoints/{id}/restore` and `POST /v1/sessions/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    #[serde(default = "one")]
+    pub count: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// The siblings a restore or fork started, all ready.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreResult {
+    pub checkpoint: String,
+    pub sessions: Vec<Session>,
+}
+
+/// `GET /v1/audit?a=..&b=..`: isolation between two sessions, and whether
+/// they are clones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuditReport {
+    pub a: String,
+    pub b: String,
+    /// Every check below passed.
+    pub passed: bool,
+    /// Shared kernel objects and namespaces (the seed's C3 audit).
+    pub isolation: Vec<AuditCheck>,
+    /// What hygiene must make differ.
+    pub clone: Vec<AuditCheck>,
+    /// What stays identical between siblings by design.
+    pub identical_by_design: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditCheck {
+    pub what: String,
+    pub a: String,
+    pub b: String,
+    pub ok: bool,
+    pub note: String,
 }

@@ -31,6 +31,15 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sessions/{session}/files"),
     ("put", "/v1/sessions/{session}/files"),
     ("get", "/v1/sessions/{session}/dir"),
+    ("post", "/v1/sessions/{session}/fork"),
+    ("get", "/v1/checkpoints"),
+    ("post", "/v1/checkpoints"),
+    ("get", "/v1/checkpoints/{checkpoint}"),
+    ("delete", "/v1/checkpoints/{checkpoint}"),
+    ("post", "/v1/checkpoints/{checkpoint}/restore"),
+    ("get", "/v1/checkpoints/{checkpoint}/export"),
+    ("post", "/v1/checkpoints/import"),
+    ("get", "/v1/audit"),
     ("post", "/v1/debug/faults"),
     ("get", "/openapi.yaml"),
 ];
@@ -45,6 +54,16 @@ pub fn router(m: AppState) -> Router {
         .route("/v1/sessions/{session}/exec", post(exec))
         .route("/v1/sessions/{session}/files", get(to_guest).put(to_guest))
         .route("/v1/sessions/{session}/dir", get(to_guest))
+        .route("/v1/sessions/{session}/fork", post(fork))
+        .route("/v1/checkpoints", get(checkpoints).post(checkpoint))
+        .route(
+            "/v1/checkpoints/{checkpoint}",
+            get(show_checkpoint).delete(remove_checkpoint),
+        )
+        .route("/v1/checkpoints/{checkpoint}/restore", post(restore))
+        .route("/v1/checkpoints/{checkpoint}/export", get(export))
+        .route("/v1/checkpoints/import", post(import))
+        .route("/v1/audit", get(audit))
         .route("/v1/debug/faults", post(fault))
         .route(
             "/openapi.yaml",
@@ -127,6 +146,144 @@ async fn show(
 async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
     m.remove(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Parse a JSON body into `T`, with this API's error shape on failure.
+fn body<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T> {
+    serde_json::from_slice(b).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("invalid {what} request: {e}"),
+        )
+    })
+}
+
+async fn checkpoints(State(m): State<AppState>) -> Result<Json<drums_api::CheckpointList>> {
+    Ok(Json(drums_api::CheckpointList {
+        checkpoints: m.checkpoints()?,
+    }))
+}
+
+async fn checkpoint(State(m): State<AppState>, b: Bytes) -> Result<impl IntoResponse> {
+    let req: drums_api::CreateCheckpoint = body("checkpoint", &b)?;
+    Ok((StatusCode::CREATED, Json(m.checkpoint(&req).await?)))
+}
+
+async fn show_checkpoint(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::Checkpoint>> {
+    Ok(Json(m.get_checkpoint(&id)?))
+}
+
+async fn remove_checkpoint(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    m.remove_checkpoint(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn restore(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    b: Bytes,
+) -> Result<impl IntoResponse> {
+    let req: drums_api::RestoreRequest = if b.is_empty() {
+        drums_api::RestoreRequest { count: 1 }
+    } else {
+        body("restore", &b)?
+    };
+    Ok((StatusCode::CREATED, Json(m.restore(&id, req.count).await?)))
+}
+
+/// Checkpoint (leaving the session running), then restore `count` siblings.
+async fn fork(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    b: Bytes,
+) -> Result<impl IntoResponse> {
+    let req: drums_api::RestoreRequest = if b.is_empty() {
+        drums_api::RestoreRequest { count: 1 }
+    } else {
+        body("fork", &b)?
+    };
+    let ck = m
+        .checkpoint(&drums_api::CreateCheckpoint {
+            session: id,
+            name: None,
+            clean: false,
+            leave_running: true,
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(m.restore(&ck.id, req.count).await?),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+struct AuditQuery {
+    a: String,
+    b: String,
+}
+
+async fn audit(
+    State(m): State<AppState>,
+    q: std::result::Result<
+        axum::extract::Query<AuditQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Json<drums_api::AuditReport>> {
+    let q = q.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("audit needs ?a=SESSION&b=SESSION: {e}"),
+        )
+    })?;
+    Ok(Json(m.audit(&q.a, &q.b).await?))
+}
+
+/// The archive streams straight from tar's stdout: a large checkpoint is
+/// never held in memory.
+async fn export(State(m): State<AppState>, Path(id): Path<String>) -> Result<Response> {
+    let mut child = m.export(&id)?;
+    let stdout = child.stdout.take().expect("piped");
+    let stream = futures::stream::unfold((stdout, child), |(mut out, child)| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 256 << 10];
+        match out.read(&mut buf).await {
+            Ok(0) => {
+                let child = child;
+                if let Ok(o) = child.wait_with_output().await {
+                    if !o.status.success() {
+                        tracing::warn!(
+                            "export: tar: {}",
+                            String::from_utf8_lossy(&o.stderr).trim()
+                        );
+                    }
+                }
+                None
+            }
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), (out, child)))
+            }
+            Err(e) => Some((Err(e), (out, child))),
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-tar")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+async fn import(State(m): State<AppState>, body: Body) -> Result<impl IntoResponse> {
+    let ck = m.import(body.into_data_stream()).await?;
+    Ok((StatusCode::CREATED, Json(ck)))
 }
 
 async fn stats(

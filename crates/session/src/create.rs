@@ -37,6 +37,8 @@ impl Manager {
             limits: serde_json::to_value(&spec.limits).expect("limits serialize"),
             init_pid: None,
             created_at_ms: drums_catalog::now_ms(),
+            generation: 0,
+            origin: None,
         };
         let pool = (spec.network == Network::Bridge).then(|| self.pool());
         // Reserves the name and the address atomically.
@@ -298,7 +300,7 @@ pub fn veth_name(id: &str) -> String {
     format!("drums{}", &id[..10.min(id.len())])
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
+pub(crate) fn parse_mac(s: &str) -> [u8; 6] {
     let mut mac = [0u8; 6];
     for (i, part) in s.split(':').take(6).enumerate() {
         mac[i] = u8::from_str_radix(part, 16).unwrap_or(0);

@@ -21,6 +21,20 @@ pub const CREATE_POINTS: &[&str] = &[
     "create.ready",
 ];
 
+/// Every point a checkpoint can be failed at.
+pub const CHECKPOINT_POINTS: &[&str] =
+    &["checkpoint.dir", "checkpoint.criu", "checkpoint.snapshot"];
+
+/// Every point a restore can be failed at, per sibling.
+pub const RESTORE_POINTS: &[&str] = &[
+    "restore.snapshot",
+    "restore.cgroup",
+    "restore.mount",
+    "restore.criu",
+    "restore.network",
+    "restore.hygiene",
+];
+
 #[derive(Default)]
 pub struct Faults {
     armed: Mutex<Option<String>>,
@@ -29,10 +43,16 @@ pub struct Faults {
 impl Faults {
     pub fn arm(&self, point: Option<String>) -> Result<(), SessionError> {
         if let Some(p) = &point {
-            if !CREATE_POINTS.contains(&p.as_str()) {
+            let all: Vec<&str> = CREATE_POINTS
+                .iter()
+                .chain(CHECKPOINT_POINTS)
+                .chain(RESTORE_POINTS)
+                .copied()
+                .collect();
+            if !all.contains(&p.as_str()) {
                 return Err(SessionError::Invalid(format!(
                     "unknown fault point {p:?}; known: {}",
-                    CREATE_POINTS.join(", ")
+                    all.join(", ")
                 )));
             }
         }

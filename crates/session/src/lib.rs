@@ -8,10 +8,14 @@
 //!   create, at shutdown, and in the sweep at daemon start;
 //! - [`process`] holds the few process helpers (start times, reaping).
 
+pub mod archive;
+pub mod audit;
+pub mod checkpoint;
 pub mod create;
 pub mod faults;
 pub mod manager;
 pub mod process;
+pub mod restore;
 pub mod spec;
 pub mod teardown;
 
@@ -35,6 +39,8 @@ pub enum SessionError {
     Invalid(String),
     #[error("no session named {0:?}")]
     NotFound(String),
+    #[error("no checkpoint named {0:?}")]
+    CheckpointNotFound(String),
     #[error("no image named {0:?} (see `drums images`; set-up builds \"default\")")]
     ImageNotFound(String),
     #[error("a session named {0:?} already exists")]
@@ -56,6 +62,12 @@ pub enum SessionError {
         #[source]
         source: std::io::Error,
     },
+    #[error("criu")]
+    Criu(#[from] drums_criu::CriuError),
+    #[error("checkpoint")]
+    Checkpoint(#[from] drums_checkpoint::CheckpointError),
+    #[error("hygiene: {0}")]
+    Hygiene(String),
     #[error("session init: {0}")]
     Init(String),
     #[error("injected fault at {0}")]
@@ -74,8 +86,16 @@ impl SessionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             SessionError::Invalid(_) => ErrorKind::BadRequest,
-            SessionError::NotFound(_) | SessionError::ImageNotFound(_) => ErrorKind::NotFound,
+            SessionError::NotFound(_)
+            | SessionError::ImageNotFound(_)
+            | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
             SessionError::NameTaken(_) => ErrorKind::Conflict,
+            SessionError::Catalog(drums_catalog::CatalogError::CheckpointNameTaken(_)) => {
+                ErrorKind::Conflict
+            }
+            SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
+                ..
+            }) => ErrorKind::Conflict,
             _ => ErrorKind::Internal,
         }
     }

@@ -49,6 +49,9 @@ pub struct Manager {
     pub(crate) net: Net,
     pub faults: Faults,
     pub(crate) bin_dir: PathBuf,
+    pub(crate) criu: drums_criu::Criu,
+    /// This host as a checkpoint records it, and as a restore checks it.
+    pub(crate) host: drums_checkpoint::HostFingerprint,
 }
 
 impl Manager {
@@ -85,6 +88,12 @@ impl Manager {
             .map_err(io("create", store_root.join("sessions")))?;
 
         let net = Net::new().await?;
+        let criu = drums_criu::Criu::new()?;
+        let criu_version = criu.version()?;
+        std::fs::create_dir_all(state.join("checkpoints"))
+            .map_err(io("create", state.join("checkpoints")))?;
+        std::fs::create_dir_all(store_root.join("checkpoints"))
+            .map_err(io("create", store_root.join("checkpoints")))?;
         let m = Manager {
             images: ImageStore::new(cfg.images_dir.clone()),
             cfg,
@@ -94,6 +103,8 @@ impl Manager {
             net,
             faults: Faults::default(),
             bin_dir,
+            host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
+            criu,
         };
         m.sweep().await;
 
@@ -155,6 +166,14 @@ impl Manager {
                 if let Err(e) = teardown::remove_owned(self, &o).await {
                     warn!("sweep: {}", crate::error_chain(&e));
                 }
+            }
+        }
+        // Checkpoints that never got published: their parts went with their
+        // ledger rows just above.
+        if let Ok(cks) = self.catalog.checkpoints() {
+            for c in cks.into_iter().filter(|c| c.state != "done") {
+                info!(checkpoint = %c.id, state = %c.state, "sweep: dropping an unpublished checkpoint");
+                let _ = self.catalog.delete_checkpoint(&c.id);
             }
         }
         // Cgroups under our parent that no ledger row names (belt and braces:
@@ -260,6 +279,8 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         mac: r.mac,
         init_pid: r.init_pid,
         created_at_ms: r.created_at_ms,
+        generation: r.generation,
+        origin: r.origin,
     }
 }
 

@@ -1,0 +1,260 @@
+//! Checkpointing a session: CRIU dumps the process tree, and while the tree is
+//! still frozen (CRIU's `post-dump` notification) a read-only btrfs snapshot of
+//! the session's upper layer is taken, so files and processes are consistent.
+//! Published only when every part is on disk.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use drums_api::{Checkpoint, CreateCheckpoint};
+use drums_catalog::{CheckpointRecord, ResourceKind};
+use drums_checkpoint::{Manifest, SourceSession, FORMAT_VERSION};
+use tracing::warn;
+
+use crate::create::random_hex;
+use crate::manager::Manager;
+use crate::spec::validate_name;
+use crate::{io, teardown, SessionError};
+
+/// The bind mount of drums' binaries inside every session, declared external
+/// to CRIU: it comes from the host and is re-bound on restore, never dumped.
+pub const BIN_MOUNT: (&str, &str) = (drums_init::BIN_DIR, "drums-bin");
+
+impl Manager {
+    pub(crate) fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.cfg.state_dir.join("checkpoints").join(id)
+    }
+
+    pub(crate) fn checkpoint_snapshot(&self, id: &str) -> PathBuf {
+        self.store_root.join("checkpoints").join(id)
+    }
+
+    pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
+        let rec = self.record(&req.session)?;
+        let pid = match (rec.state.as_str(), rec.init_pid) {
+            ("running", Some(pid)) => pid,
+            _ => {
+                return Err(SessionError::Invalid(format!(
+                    "session {} is {}, not running",
+                    rec.name, rec.state
+                )))
+            }
+        };
+        if let Some(n) = &req.name {
+            validate_name(n)?;
+        }
+        let id = random_hex(6);
+        let ck = CheckpointRecord {
+            id: id.clone(),
+            name: req.name.clone().unwrap_or_else(|| id.clone()),
+            session_id: rec.id.clone(),
+            state: "pending".into(),
+            created_at_ms: drums_catalog::now_ms(),
+            manifest: serde_json::Value::Null,
+        };
+        self.catalog.insert_checkpoint(&ck)?;
+        let owner = format!("ckpt:{id}");
+        match self.dump(&rec, pid, &ck, &owner, req).await {
+            Ok(m) => {
+                self.catalog.publish_checkpoint(
+                    &id,
+                    &serde_json::to_value(&m).expect("manifest serializes"),
+                )?;
+                // Published: the checkpoint row owns its directory and snapshot now.
+                for r in self.catalog.owned_by(&owner)? {
+                    self.catalog.release(r.seq)?;
+                }
+                if !req.leave_running {
+                    // CRIU killed the tree after dumping it; remove the rest.
+                    self.remove(&rec.id).await?;
+                }
+                Ok(to_api(&m))
+            }
+            Err(e) => {
+                if let Err(t) = teardown::remove_owned(self, &owner).await {
+                    warn!(
+                        "clean up failed checkpoint {id}: {}",
+                        crate::error_chain(&t)
+                    );
+                } else {
+                    self.catalog.delete_checkpoint(&id)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn dump(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        pid: i32,
+        ck: &CheckpointRecord,
+        owner: &str,
+        req: &CreateCheckpoint,
+    ) -> Result<Manifest, SessionError> {
+        self.faults.check("checkpoint.dir")?;
+        let dir = self.checkpoint_dir(&ck.id);
+        self.catalog
+            .record(owner, ResourceKind::Dir, &dir.display().to_string())?;
+        let images = dir.join("images");
+        std::fs::create_dir_all(&images).map_err(io("create", &images))?;
+        let snap = self.checkpoint_snapshot(&ck.id);
+        std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
+        // Recorded before CRIU runs: the snapshot is made inside its callback.
+        self.catalog
+            .record(owner, ResourceKind::Subvolume, &snap.display().to_string())?;
+        let upper = self.store_root.join("sessions").join(&rec.id);
+
+        self.faults.check("checkpoint.criu")?;
+        let snapshot_fault = self
+            .faults
+            .check("checkpoint.snapshot")
+            .err()
+            .map(|e| e.to_string());
+        let opts = drums_criu::DumpOpts {
+            pid,
+            images_dir: images.clone(),
+            leave_running: req.leave_running,
+            // Not the v1 freezer: CRIU polls its state every 100 ms, so the
+            // freeze alone cost 100 ms of frozen time. Seizing a session's few
+            // processes with ptrace takes a few ms.
+            freeze_cgroup: None,
+            external_mounts: vec![(BIN_MOUNT.0.to_owned(), BIN_MOUNT.1.to_owned())],
+            network_lock: network_lock(&rec.network),
+            tcp_established: false,
+        };
+        let criu = self.criu.clone();
+        let started = Instant::now();
+        let report = tokio::task::spawn_blocking(move || {
+            criu.dump(&opts, &mut |script, _pid| {
+                // The tree stays frozen until this returns: the one moment
+                // files and processes agree.
+                if script == drums_criu::script::POST_DUMP {
+                    if let Some(f) = &snapshot_fault {
+                        return Err(f.clone());
+                    }
+                    drums_store::snapshot(&upper, &snap, true)
+                        .map_err(|e| crate::error_chain(&e))?;
+                }
+                Ok(())
+            })
+        })
+        .await
+        .expect("dump task does not panic")?;
+        let frozen_ms = report
+            .frozen_at_most
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0);
+        let dump_ms = started.elapsed().as_secs_f64() * 1e3;
+
+        let images_dir = images.clone();
+        let files = tokio::task::spawn_blocking(move || drums_checkpoint::seal_images(&images_dir))
+            .await
+            .expect("seal task does not panic")?;
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            id: ck.id.clone(),
+            name: ck.name.clone(),
+            created_at_ms: ck.created_at_ms,
+            session: SourceSession {
+                id: rec.id.clone(),
+                name: rec.name.clone(),
+                hostname: rec.hostname.clone(),
+                profile: rec.profile.clone(),
+                image: rec.image.clone(),
+                network: rec.network.clone(),
+                limits: rec.limits.clone(),
+                generation: rec.generation,
+            },
+            host: self.host.clone(),
+            clean: req.clean,
+            leave_running: req.leave_running,
+            images: files,
+            frozen_ms,
+            dump_ms,
+        };
+        m.write(&dir)?;
+        drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
+        Ok(m)
+    }
+
+    /// Published checkpoints, oldest first.
+    pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, SessionError> {
+        let mut out = Vec::new();
+        for c in self.catalog.checkpoints()? {
+            if c.state == "done" {
+                if let Ok(m) = serde_json::from_value::<Manifest>(c.manifest) {
+                    out.push(to_api(&m));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn get_checkpoint(&self, id_or_name: &str) -> Result<Checkpoint, SessionError> {
+        Ok(to_api(&self.manifest(id_or_name)?.1))
+    }
+
+    /// A published checkpoint's record and manifest (read from disk, so what a
+    /// restore uses is what is there).
+    pub(crate) fn manifest(
+        &self,
+        id_or_name: &str,
+    ) -> Result<(CheckpointRecord, Manifest), SessionError> {
+        let ck = self
+            .catalog
+            .checkpoint(id_or_name)?
+            .filter(|c| c.state == "done")
+            .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
+        let m = Manifest::read(&self.checkpoint_dir(&ck.id))?;
+        Ok((ck, m))
+    }
+
+    /// `drums checkpoint rm`: the images, the snapshot, then the record.
+    pub async fn remove_checkpoint(&self, id_or_name: &str) -> Result<(), SessionError> {
+        let ck = self
+            .catalog
+            .checkpoint(id_or_name)?
+            .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
+        let owner = format!("ckpt:{}", ck.id);
+        self.catalog.record(
+            &owner,
+            ResourceKind::Dir,
+            &self.checkpoint_dir(&ck.id).display().to_string(),
+        )?;
+        self.catalog.record(
+            &owner,
+            ResourceKind::Subvolume,
+            &self.checkpoint_snapshot(&ck.id).display().to_string(),
+        )?;
+        self.catalog.set_checkpoint_state(&ck.id, "removing")?;
+        teardown::remove_owned(self, &owner).await?;
+        self.catalog.delete_checkpoint(&ck.id)?;
+        Ok(())
+    }
+}
+
+/// CRIU's network lock keeps TCP peers from seeing a half-dumped connection.
+/// drums never dumps established connections (siblings get new addresses, so
+/// they would point nowhere; CRIU refuses the dump instead), and listening
+/// sockets need no lock: the lock would only add ~12 ms of frozen time and an
+/// nft table per dump and per restore.
+pub(crate) fn network_lock(_network: &str) -> drums_criu::NetworkLock {
+    drums_criu::NetworkLock::Skip
+}
+
+pub fn to_api(m: &Manifest) -> Checkpoint {
+    Checkpoint {
+        id: m.id.clone(),
+        name: m.name.clone(),
+        session_id: m.session.id.clone(),
+        created_at_ms: m.created_at_ms,
+        clean: m.clean,
+        profile: m.session.profile.clone(),
+        image: m.session.image.clone(),
+        format_version: m.format_version,
+        images_bytes: m.images_bytes(),
+        dump_ms: m.dump_ms,
+        frozen_ms: m.frozen_ms,
+    }
+}

@@ -1,0 +1,251 @@
+//! Restoring a checkpoint as N hygienic siblings, concurrently. Each sibling
+//! gets its own writable snapshot of the checkpoint's file-system artifact, its
+//! own cgroups, network namespace, veth, address and MAC, hostname and
+//! machine-id; then the guest agent runs the in-session hygiene (RNG reseed of
+//! registered processes, the restore generation). Every step is recorded
+//! before it is made, like a create, and fails through the same teardown.
+
+use std::net::Ipv4Addr;
+
+use drums_api::{RestoreResult, Session};
+use drums_catalog::{ResourceKind, SessionRecord};
+use drums_checkpoint::Manifest;
+use tracing::warn;
+
+use crate::checkpoint::{network_lock, BIN_MOUNT};
+use crate::create::{parse_mac, random_hex, veth_name};
+use crate::manager::{guest_socket, Manager};
+use crate::spec::hostname_for;
+use crate::{io, process, teardown, SessionError};
+
+/// Most siblings one restore call may start.
+pub const MAX_SIBLINGS: usize = 64;
+
+impl Manager {
+    /// Restore `count` siblings of a checkpoint; all or nothing.
+    pub async fn restore(
+        &self,
+        checkpoint: &str,
+        count: usize,
+    ) -> Result<RestoreResult, SessionError> {
+        if count == 0 || count > MAX_SIBLINGS {
+            return Err(SessionError::Invalid(format!(
+                "count {count}: restore 1 to {MAX_SIBLINGS} siblings at a time"
+            )));
+        }
+        let (ck, m) = self.manifest(checkpoint)?;
+        // Refused before CRIU runs: another host's checkpoint, or damaged images.
+        m.host.check_restorable_on(&self.host)?;
+        drums_checkpoint::check_sizes(&self.checkpoint_dir(&ck.id).join("images"), &m.images)?;
+        self.images.get(&m.session.image)?;
+
+        let results = futures::future::join_all((0..count).map(|_| self.restore_one(&m))).await;
+        let mut sessions = Vec::new();
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(s) => sessions.push(s),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            for s in &sessions {
+                if let Err(t) = self.remove(&s.id).await {
+                    warn!(
+                        "remove sibling {} after a failed restore: {}",
+                        s.id,
+                        crate::error_chain(&t)
+                    );
+                }
+            }
+            return Err(e);
+        }
+        Ok(RestoreResult {
+            checkpoint: ck.id,
+            sessions,
+        })
+    }
+
+    async fn restore_one(&self, m: &Manifest) -> Result<Session, SessionError> {
+        let id = random_hex(6);
+        let rec = SessionRecord {
+            hostname: hostname_for(&id, &id),
+            name: id.clone(),
+            id,
+            profile: m.session.profile.clone(),
+            image: m.session.image.clone(),
+            state: "creating".into(),
+            network: m.session.network.clone(),
+            ip: None,
+            mac: None,
+            limits: m.session.limits.clone(),
+            init_pid: None,
+            created_at_ms: drums_catalog::now_ms(),
+            generation: m.session.generation + 1,
+            origin: Some(m.id.clone()),
+        };
+        let pool = (rec.network == "bridge").then(|| self.pool());
+        let rec = self.catalog.insert_session(rec, pool)?;
+        match self.build_sibling(&rec, m).await {
+            Ok(pid) => {
+                self.catalog
+                    .set_session_state(&rec.id, "running", Some(pid))?;
+                self.get(&rec.id)
+            }
+            Err(e) => {
+                match teardown::remove_owned(self, &rec.id).await {
+                    Ok(()) => self.catalog.delete_session(&rec.id)?,
+                    Err(t) => warn!(
+                        "clean up failed restore of {}: {}",
+                        rec.id,
+                        crate::error_chain(&t)
+                    ),
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn build_sibling(&self, rec: &SessionRecord, m: &Manifest) -> Result<i32, SessionError> {
+        let id = &rec.id;
+        let record = |kind, key: &str| self.catalog.record(id, kind, key);
+
+        let dir = self.cfg.state_dir.join("sessions").join(id);
+        record(ResourceKind::Dir, &dir.display().to_string())?;
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).map_err(io("create", &root))?;
+
+        self.faults.check("restore.snapshot")?;
+        let sv = self.store_root.join("sessions").join(id);
+        record(ResourceKind::Subvolume, &sv.display().to_string())?;
+        let (src, dst) = (self.checkpoint_snapshot(&m.id), sv.clone());
+        tokio::task::spawn_blocking(move || drums_store::snapshot(&src, &dst, false))
+            .await
+            .expect("no panic")?;
+
+        self.faults.check("restore.cgroup")?;
+        record(
+            ResourceKind::Cgroup,
+            &format!("{}/{}", self.cfg.cgroup_parent, id),
+        )?;
+        let limits: drums_api::Limits =
+            serde_json::from_value(m.session.limits.clone()).unwrap_or_default();
+        let limits = drums_cgroup::Limits {
+            memory_bytes: limits.memory_bytes,
+            pids_max: limits.pids_max,
+            cpus: limits.cpus,
+        };
+        let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
+        let cg = tokio::task::spawn_blocking(move || {
+            drums_cgroup::Cgroup::create(&parent, &name, &limits)
+        })
+        .await
+        .expect("no panic")?;
+
+        // CRIU needs the new root as a directory it can see: mount the overlay
+        // on the host for the duration of the restore only.
+        self.faults.check("restore.mount")?;
+        record(ResourceKind::Mount, &root.display().to_string())?;
+        let lower = self.images.get(&m.session.image)?.rootfs;
+        let data = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            sv.join("upper").display(),
+            sv.join("work").display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &root,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(data.as_str()),
+        )
+        .map_err(|e| SessionError::Io {
+            op: "mount overlay",
+            path: root.clone(),
+            source: e.into(),
+        })?;
+
+        let host_veth = veth_name(id);
+        if rec.network == "bridge" {
+            // CRIU creates the pair; recorded first like every link.
+            record(ResourceKind::Link, &host_veth)?;
+        }
+        self.faults.check("restore.criu")?;
+        let opts = drums_criu::RestoreOpts {
+            images_dir: self.checkpoint_dir(&m.id).join("images"),
+            work_dir: dir.clone(),
+            root: root.clone(),
+            external_mounts: vec![(BIN_MOUNT.1.to_owned(), self.bin_dir.clone())],
+            veth_pairs: if rec.network == "bridge" {
+                vec![(drums_net::SESSION_IFNAME.to_owned(), host_veth.clone())]
+            } else {
+                vec![]
+            },
+            join_cgroups: cg.procs_files(),
+            network_lock: network_lock(&rec.network),
+            tcp_established: false,
+        };
+        let criu = self.criu.clone();
+        let report = tokio::task::spawn_blocking(move || criu.restore(&opts, &mut |_, _| Ok(())))
+            .await
+            .expect("restore task does not panic")?;
+        let pid = report.pid;
+        if let Some(key) = process::ledger_key(pid) {
+            record(ResourceKind::Process, &key)?;
+        }
+        self.catalog.set_session_state(id, "creating", Some(pid))?;
+        // The restored mount namespace holds its own reference to the root;
+        // the host's copy goes, so no session mount stays visible on the host.
+        let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
+        if let Some(r) = self
+            .catalog
+            .owned_by(id)?
+            .into_iter()
+            .find(|r| r.kind == ResourceKind::Mount)
+        {
+            self.catalog.release(r.seq)?;
+        }
+
+        self.faults.check("restore.network")?;
+        if rec.network == "bridge" {
+            self.net.attach_port(&host_veth, &self.cfg.bridge).await?;
+            let ip: Ipv4Addr = rec
+                .ip
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .expect("bridge siblings have an address");
+            drums_net::readdress(
+                pid,
+                parse_mac(rec.mac.as_deref().unwrap_or_default()),
+                ip,
+                self.cfg.prefix,
+            )
+            .await?;
+        }
+
+        self.faults.check("restore.hygiene")?;
+        self.hygiene(rec, pid).await?;
+        Ok(pid)
+    }
+
+    /// The in-session half of hygiene, by the guest agent: hostname,
+    /// machine-id, generation, and the reseed of registered processes. Its
+    /// answer is also the sibling's readiness.
+    async fn hygiene(&self, rec: &SessionRecord, pid: i32) -> Result<(), SessionError> {
+        let body = serde_json::json!({
+            "hostname": rec.hostname,
+            "machine_id": random_hex(16),
+            "generation": rec.generation,
+            "ip": rec.ip,
+        });
+        let client = drums_api::Client::new(guest_socket(pid));
+        let _: serde_json::Value = client
+            .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
+            .await
+            .map_err(|e| SessionError::Hygiene(crate::error_chain(&e)))?;
+        Ok(())
+    }
+}
