@@ -58,6 +58,36 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Checkpoint a session (CRIU + a btrfs snapshot), or `checkpoint rm ID`.
+    Checkpoint(CheckpointCmd),
+    /// List published checkpoints.
+    Checkpoints {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a checkpoint as N hygienic siblings, concurrently.
+    Restore {
+        checkpoint: String,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Checkpoint a running session and restore N siblings of it.
+    Fork {
+        session: String,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Audit two sessions: isolation from each other, and whether they are clones.
+    Audit {
+        a: String,
+        b: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show what drums does, on this machine, in a minute.
     Demo,
     /// Benchmarks that print the same tables every time.
@@ -90,6 +120,48 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct CheckpointCmd {
+    #[command(subcommand)]
+    pub sub: Option<CheckpointSub>,
+    #[command(flatten)]
+    pub args: CheckpointArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CheckpointSub {
+    /// Remove checkpoints: images, snapshot and record.
+    Rm {
+        #[arg(required = true)]
+        checkpoints: Vec<String>,
+    },
+    /// Write a checkpoint to one archive file.
+    Export { checkpoint: String, file: PathBuf },
+    /// Import an archive written by `checkpoint export`.
+    Import {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// The session to checkpoint.
+    pub session: Option<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Declare the checkpoint clean: a restore may reset browser state.
+    #[arg(long)]
+    pub clean: bool,
+    /// Keep the session running (by default it stops once dumped).
+    #[arg(long)]
+    pub leave_running: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ExecArgs {
     pub session: String,
     /// User name or uid inside the session.
@@ -111,6 +183,16 @@ pub struct ExecArgs {
 pub enum BenchCommand {
     /// Cold start: create-to-ready latency, and host memory per added session.
     Start {
+        #[arg(long, default_value = "headless")]
+        profile: String,
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cold start vs hygienic restore, interleaved; forks of 1, 4, 8;
+    /// memory per session cold vs restored; dump time and image size.
+    Restore {
         #[arg(long, default_value = "headless")]
         profile: String,
         #[arg(short = 'n', default_value_t = 20)]

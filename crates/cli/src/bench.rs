@@ -176,6 +176,264 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     Ok(exit::OK)
 }
 
+async fn restore_n(c: &Client, ck: &str, count: usize) -> Result<(Vec<Session>, f64), Failure> {
+    let t = Instant::now();
+    let r: drums_api::RestoreResult = c
+        .json(
+            Method::POST,
+            &format!("/v1/checkpoints/{}/restore", enc(ck)),
+            Some(&drums_api::RestoreRequest { count }),
+        )
+        .await?;
+    Ok((r.sessions, t.elapsed().as_secs_f64()))
+}
+
+async fn sh(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
+    let req = drums_api::ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let code = crate::commands::run_exec(c, &s.id, &req, &mut o, &mut e).await?;
+    if code != 0 {
+        return Err(Failure::new(
+            exit::INTERNAL,
+            format!("bench set-up command failed ({code}): {script}"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a memory arm adds: a cold session, or a restored sibling.
+enum Arm<'a> {
+    Cold(&'a str),
+    Restored(&'a str),
+}
+
+/// Memory per added session: host slope over `steps`, and the mean cgroup charge.
+async fn memory_slope(c: &Client, steps: &[usize], arm: Arm<'_>) -> Result<(f64, f64), Failure> {
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let mut points = vec![(0.0, host_used_median().await)];
+    let mut live: Vec<Session> = Vec::new();
+    for &target in steps {
+        while live.len() < target {
+            live.push(match arm {
+                Arm::Cold(profile) => create(c, profile).await?.0,
+                Arm::Restored(ck) => restore_n(c, ck, 1).await?.0.remove(0),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+        points.push((target as f64, host_used_median().await));
+    }
+    let mut charged = 0.0;
+    for s in &live {
+        let st: drums_api::SessionStats = c
+            .json(
+                Method::GET,
+                &format!("/v1/sessions/{}/stats", enc(&s.id)),
+                None::<&()>,
+            )
+            .await?;
+        charged += st.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
+    }
+    for s in &live {
+        remove(c, s).await?;
+    }
+    Ok((slope(&points), charged / live.len().max(1) as f64))
+}
+
+/// `drums bench restore`: COLD (create to ready) and RESTORE (hygienic
+/// restore to ready) interleaved in one run; forks; memory; dump.
+/// The checkpointed session runs a Python HTTP server, so a restore brings
+/// back a warm process, not just the init and the guest.
+pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Result<i32, Failure> {
+    if n == 0 {
+        return Err(Failure::usage("-n must be at least 1"));
+    }
+    let say = |m: String| {
+        if !as_json {
+            eprintln!("{m}");
+        }
+    };
+    let (src, _) = create(c, profile).await?;
+    sh(
+        c,
+        &src,
+        "nohup python3 -m http.server 8000 >/dev/null 2>&1 &",
+    )
+    .await?;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Dump time: a few checkpoints of the warm session, all but the last removed.
+    let mut dumps = Vec::new();
+    let mut ck = None;
+    for i in 0..5 {
+        let t = Instant::now();
+        let req = drums_api::CreateCheckpoint {
+            session: src.id.clone(),
+            name: None,
+            clean: false,
+            leave_running: true,
+        };
+        let k: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+        dumps.push((t.elapsed().as_secs_f64(), k.frozen_ms / 1e3));
+        if i < 4 {
+            c.call(
+                Method::DELETE,
+                &format!("/v1/checkpoints/{}", enc(&k.id)),
+                None::<&()>,
+            )
+            .await?;
+        }
+        ck = Some(k);
+    }
+    let ck = ck.expect("five checkpoints");
+    remove(c, &src).await?;
+    // Warm-up of both arms.
+    let (s, _) = create(c, profile).await?;
+    remove(c, &s).await?;
+    let (v, _) = restore_n(c, &ck.id, 1).await?;
+    remove(c, &v[0]).await?;
+
+    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let (s, t) = create(c, profile).await?;
+        remove(c, &s).await?;
+        cold.push(t);
+        let (v, t) = restore_n(c, &ck.id, 1).await?;
+        for s in &v {
+            remove(c, s).await?;
+        }
+        warm.push(t);
+        if !as_json {
+            eprint!(
+                "\r\x1b[Kround {}/{n}: cold {:.1} ms, restore {:.1} ms",
+                i + 1,
+                cold[i] * 1e3,
+                warm[i] * 1e3
+            );
+        }
+    }
+    say(String::new());
+    let mut forks = Vec::new();
+    for count in [1usize, 4, 8] {
+        let (v, t) = restore_n(c, &ck.id, count).await?;
+        for s in &v {
+            remove(c, s).await?;
+        }
+        forks.push((count, t));
+        say(format!("fork of {count}: all ready in {:.1} ms", t * 1e3));
+    }
+    say("memory: cold sessions".into());
+    let (cold_slope, cold_cg) = memory_slope(c, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
+    say("memory: restored siblings".into());
+    let (warm_slope, warm_cg) = memory_slope(c, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
+    c.call(
+        Method::DELETE,
+        &format!("/v1/checkpoints/{}", enc(&ck.id)),
+        None::<&()>,
+    )
+    .await?;
+
+    let sort = |v: &mut Vec<f64>| v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    sort(&mut cold);
+    sort(&mut warm);
+    let mut dump_t: Vec<f64> = dumps.iter().map(|d| d.0).collect();
+    let mut frozen: Vec<f64> = dumps.iter().map(|d| d.1).collect();
+    sort(&mut dump_t);
+    sort(&mut frozen);
+    let (c50, c95) = (percentile(&cold, 50.0), percentile(&cold, 95.0));
+    let (r50, r95) = (percentile(&warm, 50.0), percentile(&warm, 95.0));
+    let image_mib = ck.images_bytes as f64 / (1 << 20) as f64;
+    if as_json {
+        let mut out = json!({
+            "profile": profile,
+            "n": n,
+            "cold.p50": c50, "cold.p95": c95,
+            "restore.p50": r50, "restore.p95": r95,
+            "ratio": c50 / r50,
+            "dump.p50": percentile(&dump_t, 50.0),
+            "dump.frozen.p50": percentile(&frozen, 50.0),
+            "image_mib": image_mib,
+            "mem.cold.per_session_mib": cold_slope,
+            "mem.restore.per_session_mib": warm_slope,
+            "mem.cold.cgroup_mib": cold_cg,
+            "mem.restore.cgroup_mib": warm_cg,
+        });
+        for (count, t) in &forks {
+            out[format!("fork.{count}")] = json!(t);
+        }
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
+    } else {
+        let ms = |s: f64| format!("{:.1} ms", s * 1e3);
+        let row = |a: &str, b: String, c: String, d: String| vec![a.to_owned(), b, c, d];
+        let mut rows = vec![
+            row("create-to-ready (COLD)", ms(c50), ms(c95), String::new()),
+            row(
+                "hygienic restore-to-ready (RESTORE)",
+                ms(r50),
+                ms(r95),
+                format!("cold/restore {:.2}x", c50 / r50),
+            ),
+        ];
+        for (count, t) in &forks {
+            rows.push(row(
+                &format!("fork of {count}, all ready"),
+                ms(*t),
+                String::new(),
+                String::new(),
+            ));
+        }
+        rows.push(row(
+            "checkpoint (dump, snapshot, seal)",
+            ms(percentile(&dump_t, 50.0)),
+            ms(percentile(&dump_t, 95.0)),
+            "n=5".into(),
+        ));
+        rows.push(row(
+            "  of which frozen",
+            ms(percentile(&frozen, 50.0)),
+            ms(percentile(&frozen, 95.0)),
+            "n=5".into(),
+        ));
+        rows.push(row(
+            "image size",
+            format!("{image_mib:.1} MiB"),
+            String::new(),
+            String::new(),
+        ));
+        rows.push(row(
+            "host memory per added session, cold",
+            format!("{cold_slope:.1} MiB"),
+            String::new(),
+            "slope 1,4,8,12".into(),
+        ));
+        rows.push(row(
+            "host memory per added session, restored",
+            format!("{warm_slope:.1} MiB"),
+            String::new(),
+            "slope 1,4,8,12".into(),
+        ));
+        rows.push(row(
+            "cgroup memory per session, cold",
+            format!("{cold_cg:.1} MiB"),
+            String::new(),
+            "mean of 12".into(),
+        ));
+        rows.push(row(
+            "cgroup memory per session, restored",
+            format!("{warm_cg:.1} MiB"),
+            String::new(),
+            "mean of 12".into(),
+        ));
+        println!("drums bench restore --profile {profile} -n {n}");
+        print!(
+            "{}",
+            table::render(&["metric", "p50", "p95", "note"], &rows)
+        );
+    }
+    Ok(exit::OK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

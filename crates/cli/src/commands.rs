@@ -274,6 +274,195 @@ pub async fn rm(c: &Client, sessions: &[String]) -> Result<i32, Failure> {
     Ok(code)
 }
 
+pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<i32, Failure> {
+    if let Some(crate::args::CheckpointSub::Rm { checkpoints }) = &cmd.sub {
+        let mut code = exit::OK;
+        for ck in checkpoints {
+            match c
+                .call(
+                    Method::DELETE,
+                    &format!("/v1/checkpoints/{}", enc(ck)),
+                    None::<&()>,
+                )
+                .await
+            {
+                Ok(_) => println!("{ck}"),
+                Err(e) => {
+                    let f = Failure::from(e);
+                    eprintln!("drums: checkpoint rm {ck}: {}", f.message);
+                    code = f.code;
+                }
+            }
+        }
+        return Ok(code);
+    }
+    if let Some(crate::args::CheckpointSub::Export { checkpoint, file }) = &cmd.sub {
+        return export(c, checkpoint, file).await;
+    }
+    if let Some(crate::args::CheckpointSub::Import { file, json }) = &cmd.sub {
+        let data = std::fs::read(file)
+            .map_err(|e| cp_local_err("read", &file.display().to_string(), e))?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/checkpoints/import")
+            .header("host", "drums")
+            .header("content-type", "application/x-tar")
+            .body(Full::new(Bytes::from(data)))
+            .expect("valid request");
+        let resp = c.check(c.send(req).await?).await?;
+        let ck: drums_api::Checkpoint = serde_json::from_slice(&c.read_body(resp).await?)
+            .map_err(|e| Failure::new(exit::INTERNAL, format!("decode import answer: {e}")))?;
+        if *json {
+            println!("{}", serde_json::to_string_pretty(&ck).expect("serialize"));
+        } else {
+            println!("{}", ck.id);
+        }
+        return Ok(exit::OK);
+    }
+    let a = &cmd.args;
+    let session = a
+        .session
+        .clone()
+        .ok_or_else(|| Failure::usage("checkpoint needs a SESSION (or `checkpoint rm ID`)"))?;
+    let req = drums_api::CreateCheckpoint {
+        session,
+        name: a.name.clone(),
+        clean: a.clean,
+        leave_running: a.leave_running,
+    };
+    let ck: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&ck).expect("serialize"));
+    } else {
+        println!("{}", ck.id);
+    }
+    Ok(exit::OK)
+}
+
+/// Stream the archive to a file next to the target, renamed into place only
+/// when complete: an interrupted export leaves no half archive behind.
+async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failure> {
+    let resp = c
+        .call(
+            Method::GET,
+            &format!("/v1/checkpoints/{}/export", enc(checkpoint)),
+            None::<&()>,
+        )
+        .await?;
+    let tmp = file.with_extension("partial");
+    let mut out = std::fs::File::create(&tmp)
+        .map_err(|e| cp_local_err("create", &tmp.display().to_string(), e))?;
+    let mut body = resp.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Failure::new(exit::INTERNAL, format!("export stream broke: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            out.write_all(&data)
+                .map_err(|e| cp_local_err("write", &tmp.display().to_string(), e))?;
+        }
+    }
+    out.sync_all()
+        .map_err(|e| cp_local_err("fsync", &tmp.display().to_string(), e))?;
+    std::fs::rename(&tmp, file)
+        .map_err(|e| cp_local_err("rename", &file.display().to_string(), e))?;
+    Ok(exit::OK)
+}
+
+pub async fn checkpoints(c: &Client, json: bool) -> Result<i32, Failure> {
+    let l: drums_api::CheckpointList = c.json(Method::GET, "/v1/checkpoints", None::<&()>).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
+        return Ok(exit::OK);
+    }
+    let rows: Vec<Vec<String>> = l
+        .checkpoints
+        .iter()
+        .map(|k| {
+            vec![
+                k.id.clone(),
+                k.name.clone(),
+                k.session_id.clone(),
+                k.profile.clone(),
+                format!("{:.1} MiB", k.images_bytes as f64 / (1 << 20) as f64),
+                format!("{:.0} ms", k.dump_ms),
+                if k.clean { "yes".into() } else { "no".into() },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["ID", "NAME", "SESSION", "PROFILE", "IMAGES", "DUMP", "CLEAN"],
+            &rows
+        )
+    );
+    Ok(exit::OK)
+}
+
+/// `drums restore` and `drums fork`: the same answer, all siblings ready.
+pub async fn restore(c: &Client, uri: &str, count: usize, json: bool) -> Result<i32, Failure> {
+    let r: drums_api::RestoreResult = c
+        .json(
+            Method::POST,
+            uri,
+            Some(&drums_api::RestoreRequest { count }),
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r).expect("serialize"));
+    } else {
+        for s in &r.sessions {
+            println!("{}", s.id);
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `drums audit`: exits 0 when the audit passes, 1 when it does not.
+pub async fn audit(c: &Client, a: &str, b: &str, json: bool) -> Result<i32, Failure> {
+    let r: drums_api::AuditReport = c
+        .json(
+            Method::GET,
+            &format!("/v1/audit?a={}&b={}", enc(a), enc(b)),
+            None::<&()>,
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r).expect("serialize"));
+    } else {
+        let rows = |checks: &[drums_api::AuditCheck]| -> Vec<Vec<String>> {
+            checks
+                .iter()
+                .map(|k| {
+                    vec![
+                        if k.ok { "ok" } else { "FAIL" }.into(),
+                        k.what.clone(),
+                        k.a.clone(),
+                        k.b.clone(),
+                        k.note.clone(),
+                    ]
+                })
+                .collect()
+        };
+        println!("isolation between {} and {}", r.a, r.b);
+        print!(
+            "{}",
+            table::render(&["", "CHECK", "A", "B", "NOTE"], &rows(&r.isolation))
+        );
+        println!("\nclone check");
+        print!(
+            "{}",
+            table::render(&["", "CHECK", "A", "B", "NOTE"], &rows(&r.clone))
+        );
+        println!("\nidentical by design:");
+        for i in &r.identical_by_design {
+            println!("  - {i}");
+        }
+        println!("\naudit {}", if r.passed { "passed" } else { "FAILED" });
+    }
+    Ok(if r.passed { exit::OK } else { exit::INTERNAL })
+}
+
 pub async fn images(c: &Client, json: bool) -> Result<i32, Failure> {
     let l: ImageList = c.json(Method::GET, "/v1/images", None::<&()>).await?;
     if json {

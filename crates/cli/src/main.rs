@@ -30,9 +30,41 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Ps { json } => commands::ps(&c, *json).await,
         Command::Rm { sessions } => commands::rm(&c, sessions).await,
         Command::Images { json } => commands::images(&c, *json).await,
+        Command::Checkpoint(cmd) => commands::checkpoint(&c, cmd).await,
+        Command::Checkpoints { json } => commands::checkpoints(&c, *json).await,
+        Command::Restore {
+            checkpoint,
+            count,
+            json,
+        } => {
+            commands::restore(
+                &c,
+                &format!("/v1/checkpoints/{}/restore", commands::enc(checkpoint)),
+                *count,
+                *json,
+            )
+            .await
+        }
+        Command::Fork {
+            session,
+            count,
+            json,
+        } => {
+            commands::restore(
+                &c,
+                &format!("/v1/sessions/{}/fork", commands::enc(session)),
+                *count,
+                *json,
+            )
+            .await
+        }
+        Command::Audit { a, b, json } => commands::audit(&c, a, b, *json).await,
         Command::Demo => demo::run(&c).await,
         Command::Bench(BenchCommand::Start { profile, n, json }) => {
             bench::start(&c, profile, *n, *json).await
+        }
+        Command::Bench(BenchCommand::Restore { profile, n, json }) => {
+            bench::restore(&c, profile, *n, *json).await
         }
     }
 }
