@@ -271,9 +271,16 @@ fn exec_files_and_limits() {
     let cg = format!("/sys/fs/cgroup/pids/{}/{}/pids.max", d.cgroup_parent, s.id);
     assert_eq!(std::fs::read_to_string(cg).unwrap().trim(), "64");
     // Stats come from the session's cgroup.
-    let st: serde_json::Value = run(d.client.json(Method::GET, "/v1/sessions/tools/stats", None::<&()>)).unwrap();
+    let st: serde_json::Value =
+        run(d
+            .client
+            .json(Method::GET, "/v1/sessions/tools/stats", None::<&()>))
+        .unwrap();
     assert_schema("SessionStats", &st);
-    assert!(st["pids"].as_u64().unwrap() >= 2, "init and guest at least: {st}");
+    assert!(
+        st["pids"].as_u64().unwrap() >= 2,
+        "init and guest at least: {st}"
+    );
     assert!(st["memory_bytes"].as_u64().unwrap() > 0, "{st}");
     // cp, binary-safe, both ways.
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,425 @@
+//! Checkpoint, restore and fork end to end, against a real drumsd and CRIU,
+//! as root. Every test ends by proving nothing is left on the host.
+
+mod common;
+
+use common::{assert_schema, TestDaemon};
+use drums_api::{
+    Checkpoint, CreateCheckpoint, CreateSession, RestoreRequest, RestoreResult, Session,
+};
+use hyper::Method;
+
+fn run<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A server whose answers depend on its RNG, seeded identically before the
+/// checkpoint: without hygiene every sibling would answer the same.
+const SERVER: &str = r#"
+import http.server, random, socket
+random.seed(1234)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("%s %r" % (socket.gethostname(), random.random())).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
+"#;
+
+fn http_get(ip: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr = format!("{ip}:8000").parse().ok()?;
+    for _ in 0..100 {
+        if let Ok(mut s) =
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200))
+        {
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .ok()?;
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            return out.split("\r\n\r\n").nth(1).map(str::to_owned);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
+}
+
+async fn checkpoint(d: &TestDaemon, session: &str, leave_running: bool) -> Checkpoint {
+    let req = CreateCheckpoint {
+        session: session.into(),
+        name: None,
+        clean: false,
+        leave_running,
+    };
+    d.client
+        .json(Method::POST, "/v1/checkpoints", Some(&req))
+        .await
+        .unwrap_or_else(|e| panic!("checkpoint: {e}\n{}", d.log()))
+}
+
+async fn restore(
+    d: &TestDaemon,
+    ck: &str,
+    count: usize,
+) -> Result<RestoreResult, drums_api::ClientError> {
+    d.client
+        .json(
+            Method::POST,
+            &format!("/v1/checkpoints/{ck}/restore"),
+            Some(&RestoreRequest { count }),
+        )
+        .await
+}
+
+fn start_server(d: &TestDaemon, s: &Session) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("server.py");
+    std::fs::write(&p, SERVER).unwrap();
+    assert!(d
+        .drums(&[
+            "cp",
+            p.to_str().unwrap(),
+            &format!("{}:/root/server.py", s.id)
+        ])
+        .status
+        .success());
+    let (code, _, err) = d.sh(&s.id, "nohup python3 /root/server.py >/dev/null 2>&1 &");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        http_get(s.ip.as_deref().unwrap()).is_some(),
+        "server did not answer before the checkpoint"
+    );
+}
+
+/// One warm session checkpointed, restored as 3 siblings: each serves, and
+/// none is a clone of another.
+#[test]
+fn three_siblings_serve_and_are_not_clones() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let src = d.create(&CreateSession::default()).await.unwrap();
+        start_server(&d, &src);
+        let ck = checkpoint(&d, &src.id, true).await;
+        assert_schema("Checkpoint", &serde_json::to_value(&ck).unwrap());
+        assert!(ck.images_bytes > 0);
+        let r = restore(&d, &ck.id, 3)
+            .await
+            .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()));
+        assert_schema("RestoreResult", &serde_json::to_value(&r).unwrap());
+        assert_eq!(r.sessions.len(), 3);
+        let mut answers = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for s in &r.sessions {
+            assert_eq!(s.state, "running");
+            assert_eq!(s.generation, 1);
+            assert_eq!(s.origin.as_deref(), Some(ck.id.as_str()));
+            let ip = s.ip.clone().unwrap();
+            let body = http_get(&ip)
+                .unwrap_or_else(|| panic!("sibling {} at {ip} does not serve\n{}", s.id, d.log()));
+            let (host, draw) = body.split_once(' ').unwrap();
+            assert_eq!(
+                host, s.hostname,
+                "the server sees its sibling's own hostname"
+            );
+            answers.push(draw.to_owned());
+            let (_, mid, _) = d.sh(&s.id, "cat /etc/machine-id");
+            let (_, gen, _) = d.sh(&s.id, "cat /run/drums/generation");
+            let (_, addr, _) = d.sh(
+                &s.id,
+                "ip -o -4 addr show eth0 | awk '{print $4}'; cat /sys/class/net/eth0/address",
+            );
+            assert_eq!(gen, "1");
+            for v in [s.hostname.clone(), mid, addr, s.mac.clone().unwrap()] {
+                assert!(seen.insert(v.clone()), "{v} is shared between siblings");
+            }
+        }
+        answers.sort();
+        answers.dedup();
+        assert_eq!(
+            answers.len(),
+            3,
+            "the RNG draws of the siblings repeat: {answers:?}"
+        );
+        // The audit: isolated, not clones, and the Python draws were measured.
+        let (a, b) = (&r.sessions[0].id, &r.sessions[1].id);
+        let rep: serde_json::Value = d
+            .client
+            .json(Method::GET, &format!("/v1/audit?a={a}&b={b}"), None::<&()>)
+            .await
+            .unwrap();
+        assert_schema("AuditReport", &rep);
+        assert_eq!(rep["passed"], true, "{rep:#}");
+        let py = rep["clone"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["what"] == "python random")
+            .unwrap();
+        assert!(
+            !py["a"].as_str().unwrap().is_empty() && !py["b"].as_str().unwrap().is_empty(),
+            "no draws measured: {py}"
+        );
+        // The source still runs (leave_running) and serves its own draw.
+        assert!(http_get(src.ip.as_deref().unwrap()).is_some());
+        for s in r.sessions.iter().chain([&src]) {
+            d.rm(&s.id).await.unwrap();
+        }
+        d.client
+            .call(
+                Method::DELETE,
+                &format!("/v1/checkpoints/{}", ck.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+        assert!(d.store_subvolumes().is_empty());
+        assert!(std::fs::read_dir(d.state.path().join("store/checkpoints"))
+            .unwrap()
+            .next()
+            .is_none());
+    });
+    d.stop_and_check_leaks();
+}
+
+/// A checkpoint taken before a daemon restart restores after it; the default
+/// checkpoint stops its session.
+#[test]
+fn checkpoint_survives_a_daemon_restart() {
+    let mut d = TestDaemon::start();
+    let subnet = d.subnet();
+    let ck = run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(d.sh(&s.id, "echo kept > /root/state").0, 0);
+        let ck = checkpoint(&d, &s.id, false).await;
+        let l: drums_api::SessionList = d
+            .client
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.sessions.is_empty(), "the checkpointed session stopped");
+        ck
+    });
+    d.stop();
+    d.restart(&subnet);
+    run(async {
+        let l: drums_api::CheckpointList = d
+            .client
+            .json(Method::GET, "/v1/checkpoints", None::<&()>)
+            .await
+            .unwrap();
+        assert_eq!(
+            l.checkpoints
+                .iter()
+                .map(|c| c.id.clone())
+                .collect::<Vec<_>>(),
+            vec![ck.id.clone()]
+        );
+        let r = restore(&d, &ck.id, 1)
+            .await
+            .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()));
+        let s = &r.sessions[0];
+        assert_eq!(d.sh(&s.id, "cat /root/state").1, "kept");
+        d.rm(&s.id).await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}
+
+/// A restore failing at each step leaves nothing of the sibling, and the
+/// checkpoint stays intact and restorable.
+#[test]
+fn failure_at_every_restore_step_leaves_nothing() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let src = d.create(&CreateSession::default()).await.unwrap();
+        let ck = checkpoint(&d, &src.id, false).await;
+        for point in drums_session::faults::RESTORE_POINTS {
+            d.arm(Some(point)).await;
+            let e = restore(&d, &ck.id, 2).await.expect_err(point);
+            assert!(
+                e.to_string()
+                    .contains(&format!("injected fault at {point}")),
+                "{point}: {e}"
+            );
+            d.arm(None).await;
+            let l: drums_api::SessionList = d
+                .client
+                .json(Method::GET, "/v1/sessions", None::<&()>)
+                .await
+                .unwrap();
+            assert!(l.sessions.is_empty(), "{point}: sessions left");
+            assert!(
+                d.processes().is_empty(),
+                "{point}: processes left {:?}",
+                d.processes()
+            );
+            assert!(
+                d.session_links().is_empty(),
+                "{point}: veths left {:?}",
+                d.session_links()
+            );
+            assert!(
+                d.store_subvolumes().is_empty(),
+                "{point}: subvolumes left {:?}",
+                d.store_subvolumes()
+            );
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(
+                !mounts.contains(&d.state.path().join("sessions").display().to_string()),
+                "{point}: a sibling root is still mounted"
+            );
+        }
+        let r = restore(&d, &ck.id, 1)
+            .await
+            .unwrap_or_else(|e| panic!("restore after the faults: {e}\n{}", d.log()));
+        assert_eq!(d.sh(&r.sessions[0].id, "true").0, 0);
+        d.rm(&r.sessions[0].id).await.unwrap();
+
+        // A truncated image is refused before CRIU runs, and changes nothing.
+        let images = d
+            .state
+            .path()
+            .join("checkpoints")
+            .join(&ck.id)
+            .join("images");
+        let pages = std::fs::read_dir(&images)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("pages-")
+            })
+            .unwrap();
+        let len = std::fs::metadata(&pages).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&pages)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let e = restore(&d, &ck.id, 1).await.unwrap_err();
+        assert!(e.to_string().contains("is damaged"), "{e}");
+        assert!(d.processes().is_empty());
+    });
+    d.stop_and_check_leaks();
+}
+
+/// Export, remove, import, restore: the round trip keeps files and
+/// processes. An archive from another kernel is refused before anything is
+/// kept, with an error that says so.
+#[test]
+fn export_import_round_trips_and_refuses_another_host() {
+    let mut d = TestDaemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("ck.tar");
+    let ck = run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            d.sh(
+                &s.id,
+                "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue"
+            )
+            .0,
+            0
+        );
+        checkpoint(&d, &s.id, false).await
+    });
+    let ok = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    ok(d.drums(&["checkpoint", "export", &ck.id, archive.to_str().unwrap()]));
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    assert_eq!(
+        ok(d.drums(&["checkpoint", "import", archive.to_str().unwrap()])),
+        ck.id
+    );
+    let sib = ok(d.drums(&["restore", &ck.id]));
+    assert_eq!(d.sh(&sib, "cat /root/d/state").1, "kept");
+    // A whiteout survived the trip: the file deleted before the checkpoint stays deleted.
+    assert_ne!(
+        d.sh(&sib, "test -e /etc/issue").0,
+        0,
+        "a deleted file came back: whiteouts were lost"
+    );
+    ok(d.drums(&["rm", &sib]));
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+
+    // The same archive, as if taken on another kernel.
+    let x = dir.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    let tar = |args: &[&str]| {
+        let o = std::process::Command::new("tar")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "tar {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    tar(&[
+        "--xattrs",
+        "--xattrs-include=*",
+        "-xf",
+        archive.to_str().unwrap(),
+        "-C",
+        x.to_str().unwrap(),
+    ]);
+    let mpath = x.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    m["host"]["kernel"] = "0.0.0-other".into();
+    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+    let other = dir.path().join("other.tar");
+    tar(&[
+        "--xattrs",
+        "--xattrs-include=*",
+        "-cf",
+        other.to_str().unwrap(),
+        "-C",
+        x.to_str().unwrap(),
+        "manifest.json",
+        "images",
+        "fs",
+    ]);
+    let o = d.drums(&["checkpoint", "import", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("checkpoint was taken on kernel 0.0.0-other"),
+        "{err}"
+    );
+    let l: drums_api::CheckpointList =
+        serde_json::from_slice(&d.drums(&["checkpoints", "--json"]).stdout).unwrap();
+    assert!(l.checkpoints.is_empty(), "a refused import was kept");
+    let staging: Vec<_> = std::fs::read_dir(d.state.path().join("store/checkpoints"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(staging.is_empty(), "import left {staging:?}");
+    assert!(d.store_subvolumes().is_empty());
+    d.stop_and_check_leaks();
+}
