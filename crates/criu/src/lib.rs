@@ -92,6 +92,11 @@ pub struct RestoreOpts {
     pub network_lock: NetworkLock,
     /// Must be true if the dump allowed established TCP connections.
     pub tcp_established: bool,
+    /// Restore the network namespace empty (CRIU's `empty_ns`): no links,
+    /// addresses, routes or firewall rules from the image. The caller builds
+    /// it in the `setup-namespaces` notification, before any socket is
+    /// restored. `veth_pairs` is then ignored.
+    pub empty_net: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -119,6 +124,8 @@ pub struct RestoreReport {
 #[derive(Debug, Clone)]
 pub struct Criu {
     bin: PathBuf,
+    /// A tmpfs directory mounted as /run for swrk; see [`Criu::with_run_dir`].
+    run_dir: Option<PathBuf>,
 }
 
 /// Where a source-built CRIU lands (`make install`), and often not in root's PATH.
@@ -137,7 +144,18 @@ impl Criu {
     }
 
     pub fn with_binary(bin: impl Into<PathBuf>) -> Criu {
-        Criu { bin: bin.into() }
+        Criu {
+            bin: bin.into(),
+            run_dir: None,
+        }
+    }
+
+    /// Run swrk with `dir` (a tmpfs) as its /run, in a private mount
+    /// namespace, so CRIU can keep its kernel-probe cache between runs on a
+    /// host whose /run is not a tmpfs.
+    pub fn with_run_dir(mut self, dir: impl Into<PathBuf>) -> Criu {
+        self.run_dir = Some(dir.into());
+        self
     }
 
     pub fn binary(&self) -> &Path {
@@ -149,6 +167,7 @@ impl Criu {
         let op = Op::Version;
         let ex = swrk::exchange(
             &self.bin,
+            self.run_dir.as_deref(),
             op,
             &request::version_request(),
             &[],
@@ -189,7 +208,7 @@ impl Criu {
         let images = open_dir(op, "open images dir", &o.images_dir)?;
         let log = o.images_dir.join(request::DUMP_LOG);
         let req = request::dump_request(o, images.as_raw_fd());
-        let ex = swrk::exchange(&self.bin, op, &req, &[], on_notify)?;
+        let ex = swrk::exchange(&self.bin, self.run_dir.as_deref(), op, &req, &[], on_notify)?;
         drop(images);
         let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, &log)?;
         if let Some((script, reason)) = ex.notify_failure {
@@ -239,7 +258,14 @@ impl Criu {
         }
         let log = o.work_dir.join(request::RESTORE_LOG);
         let req = request::restore_request(o, images.as_raw_fd(), work.as_raw_fd());
-        let ex = swrk::exchange(&self.bin, op, &req, &o.join_cgroups, on_notify)?;
+        let ex = swrk::exchange(
+            &self.bin,
+            self.run_dir.as_deref(),
+            op,
+            &req,
+            &o.join_cgroups,
+            on_notify,
+        )?;
         drop((images, work));
 
         let result = (|| {
@@ -271,6 +297,7 @@ impl Criu {
                 if let Some(pid) = ex.notified_pid {
                     reap_failed_root(pid);
                 }
+                reap_strays(&o.join_cgroups);
                 Err(e)
             }
         }
@@ -377,6 +404,49 @@ fn reap_failed_root(pid: i32) {
     let pid = Pid::from_raw(pid);
     let _ = kill(pid, Signal::SIGKILL);
     let _ = waitpid(pid, None);
+}
+
+/// After a failed restore, CRIU can leave helpers it forked as our children
+/// (rst_sibling makes them siblings of swrk), e.g. its cgroup daemon: kill and
+/// reap every child of ours that lives in the restore's cgroups. Only there:
+/// a concurrent restore's processes are in other cgroups and are left alone.
+fn reap_strays(join_cgroups: &[PathBuf]) {
+    // "…/<parent>/<name>/cgroup.procs" -> "/<parent>/<name>", as /proc/PID/cgroup names it.
+    let needles: Vec<String> = join_cgroups
+        .iter()
+        .filter_map(|p| {
+            let dir = p.parent()?;
+            let name = dir.file_name()?.to_str()?;
+            let parent = dir.parent()?.file_name()?.to_str()?;
+            Some(format!("/{parent}/{name}"))
+        })
+        .collect();
+    if needles.is_empty() {
+        return;
+    }
+    let me = std::process::id() as i32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let mut found = false;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            if parent_of(pid) != Some(me) {
+                continue;
+            }
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if !needles.iter().any(|n| cg.lines().any(|l| l.ends_with(n.as_str()) || l.contains(&format!("{n} ")))) {
+                continue;
+            }
+            found = true;
+            let pid = Pid::from_raw(pid);
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        if !found || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

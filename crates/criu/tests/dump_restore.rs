@@ -85,6 +85,7 @@ fn dump_once_restore_twice() {
                     },
                     network_lock: NetworkLock::Skip,
                     tcp_established: false,
+                    empty_net: false,
                 },
                 &mut |s, pid| {
                     notes.push((s.to_string(), pid));
@@ -151,6 +152,7 @@ fn dump_once_restore_twice() {
                 join_cgroups: vec![],
                 network_lock: NetworkLock::Skip,
                 tcp_established: false,
+                empty_net: false,
             },
             &mut |s, pid| {
                 if s == script::SETUP_NAMESPACES {

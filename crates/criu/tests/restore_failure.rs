@@ -18,6 +18,7 @@ fn opts(fx: &Fixture) -> RestoreOpts {
         join_cgroups: vec![],
         network_lock: NetworkLock::Skip,
         tcp_established: false,
+        empty_net: false,
     }
 }
 

@@ -33,6 +33,18 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
 "#;
 
+/// A teardown's killed processes take a moment to die: wait, bounded.
+fn gone(check: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !check() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
 fn http_get(ip: &str) -> Option<String> {
     use std::io::{Read, Write};
     let addr = format!("{ip}:8000").parse().ok()?;
@@ -262,7 +274,7 @@ fn failure_at_every_restore_step_leaves_nothing() {
                 .unwrap();
             assert!(l.sessions.is_empty(), "{point}: sessions left");
             assert!(
-                d.processes().is_empty(),
+                gone(|| d.processes().is_empty()),
                 "{point}: processes left {:?}",
                 d.processes()
             );

@@ -247,7 +247,10 @@ async fn reseed_gives_clones_different_random_streams() {
             panic!("unexpected output {line:?}");
         };
         assert_eq!(ack, "5", "the ack names the generation");
-        assert_eq!(peeked, draw, "the ack's peeked next draw is the draw the program then made");
+        assert_eq!(
+            peeked, draw,
+            "the ack's peeked next draw is the draw the program then made"
+        );
         let draw: f64 = draw.parse().unwrap();
         assert_ne!(draw, SEED_1_DRAW, "random was not reseeded");
         assert_eq!(numpy, "1", "numpy's global generator was not reseeded");

@@ -268,26 +268,6 @@ impl Net {
         .await
     }
 
-    /// Attach an existing host-side link (the host end of a veth that CRIU
-    /// re-created for a restored sibling) to `bridge` as an isolated port, and
-    /// set it up: the same treatment [`Net::create_session_veth`] gives its own.
-    pub async fn attach_port(&self, host_name: &str, bridge: &str) -> Result<(), NetError> {
-        check_ifname(host_name)?;
-        let bridge_index = self
-            .get_link(bridge)
-            .await?
-            .ok_or_else(|| NetError::LinkNotFound(bridge.to_string()))?
-            .header
-            .index;
-        let index = self
-            .get_link(host_name)
-            .await?
-            .ok_or_else(|| NetError::LinkNotFound(host_name.to_string()))?
-            .header
-            .index;
-        self.attach_index(index, host_name, bridge_index).await
-    }
-
     async fn attach_index(
         &self,
         index: u32,
@@ -363,71 +343,6 @@ impl Net {
 pub async fn loopback_up(pid: i32) -> Result<(), NetError> {
     let ns = NetnsFile::open_session(pid)?;
     netns::run_in(ns, |handle| async move { set_up(&handle, "lo").await }).await
-}
-
-/// Give `eth0` inside the network namespace of `pid` a new MAC and a new
-/// address, replacing every IPv4 address it had: a restored sibling starts with
-/// its checkpoint's, which another sibling has too.
-pub async fn readdress(pid: i32, mac: [u8; 6], ip: Ipv4Addr, prefix: u8) -> Result<(), NetError> {
-    in_netns(pid, move |handle| async move {
-        let eth0 = get_link(&handle, SESSION_IFNAME)
-            .await?
-            .ok_or_else(|| NetError::LinkNotFound(SESSION_IFNAME.to_string()))?
-            .header
-            .index;
-        // Down, new MAC, up: taking the link down drops its IPv6 link-local
-        // address, and bringing it up derives a new one from the new MAC;
-        // otherwise every sibling would keep its checkpoint's fe80:: address.
-        handle
-            .link()
-            .change(LinkUnspec::new_with_index(eth0).down().build())
-            .execute()
-            .await
-            .map_err(netlink("set down", SESSION_IFNAME))?;
-        handle
-            .link()
-            .change(
-                LinkUnspec::new_with_index(eth0)
-                    .address(mac.to_vec())
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(netlink("set mac", SESSION_IFNAME))?;
-        let mut old = Vec::new();
-        {
-            let mut addrs = pin!(handle.address().get().set_link_index_filter(eth0).execute());
-            while let Some(a) = addrs
-                .try_next()
-                .await
-                .map_err(netlink("list addresses", SESSION_IFNAME))?
-            {
-                if a.attributes
-                    .iter()
-                    .any(|x| matches!(x, AddressAttribute::Local(IpAddr::V4(_))))
-                {
-                    old.push(a);
-                }
-            }
-        }
-        for a in old {
-            handle
-                .address()
-                .del(a)
-                .execute()
-                .await
-                .map_err(netlink("delete address", SESSION_IFNAME))?;
-        }
-        handle
-            .address()
-            .add(eth0, IpAddr::V4(ip), prefix)
-            .execute()
-            .await
-            .map_err(netlink("add address", SESSION_IFNAME))?;
-        set_up(&handle, SESSION_IFNAME).await?;
-        set_up(&handle, "lo").await
-    })
-    .await
 }
 
 /// Runs `f` with an rtnetlink handle inside the network namespace of `pid`, on

@@ -88,7 +88,31 @@ impl Manager {
             .map_err(io("create", store_root.join("sessions")))?;
 
         let net = Net::new().await?;
-        let criu = drums_criu::Criu::new()?;
+        // A tmpfs of our own as CRIU's /run, so it can cache its kernel probes
+        // (see drums_criu::Criu::with_run_dir); reused if a previous daemon
+        // left it mounted.
+        let criu_run = state.join("criu-run");
+        catalog.record(DAEMON, ResourceKind::Mount, &criu_run.display().to_string())?;
+        std::fs::create_dir_all(&criu_run).map_err(io("create", &criu_run))?;
+        let is_tmpfs = nix::sys::statfs::statfs(&criu_run)
+            .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+            .unwrap_or(false);
+        if !is_tmpfs {
+            use nix::mount::MsFlags;
+            nix::mount::mount(
+                Some("tmpfs"),
+                &criu_run,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=16m,mode=0700"),
+            )
+            .map_err(|e| SessionError::Io {
+                op: "mount tmpfs",
+                path: criu_run.clone(),
+                source: e.into(),
+            })?;
+        }
+        let criu = drums_criu::Criu::new()?.with_run_dir(&criu_run);
         let criu_version = criu.version()?;
         std::fs::create_dir_all(state.join("checkpoints"))
             .map_err(io("create", state.join("checkpoints")))?;

@@ -174,27 +174,81 @@ impl Manager {
             record(ResourceKind::Link, &host_veth)?;
         }
         self.faults.check("restore.criu")?;
+        // The network namespace comes back empty and is built here, in CRIU's
+        // setup-namespaces notification (the tree exists, nothing runs, no
+        // socket is restored yet), by the same code as a cold session's: no
+        // forked `ip`, and the sibling's own address and MAC from the start.
+        let net_fault = self
+            .faults
+            .check("restore.network")
+            .err()
+            .map(|e| e.to_string());
+        let veth = (rec.network == "bridge").then(|| drums_net::VethSpec {
+            host_name: host_veth.clone(),
+            bridge: self.cfg.bridge.clone(),
+            netns_pid: 0,
+            mac: parse_mac(rec.mac.as_deref().unwrap_or_default()),
+            ip: rec
+                .ip
+                .as_deref()
+                .and_then(|s| s.parse::<Ipv4Addr>().ok())
+                .expect("bridge siblings have an address"),
+            prefix: self.cfg.prefix,
+            gateway: self.gateway(),
+            default_route: false,
+        });
         let opts = drums_criu::RestoreOpts {
             images_dir: self.checkpoint_dir(&m.id).join("images"),
             work_dir: dir.clone(),
             root: root.clone(),
             external_mounts: vec![(BIN_MOUNT.1.to_owned(), self.bin_dir.clone())],
-            veth_pairs: if rec.network == "bridge" {
-                vec![(drums_net::SESSION_IFNAME.to_owned(), host_veth.clone())]
-            } else {
-                vec![]
-            },
+            veth_pairs: vec![],
             join_cgroups: cg.procs_files(),
             network_lock: network_lock(&rec.network),
             tcp_established: false,
+            empty_net: true,
         };
-        let criu = self.criu.clone();
-        let report = tokio::task::spawn_blocking(move || criu.restore(&opts, &mut |_, _| Ok(())))
-            .await
-            .expect("restore task does not panic")?;
-        let pid = report.pid;
-        if let Some(key) = process::ledger_key(pid) {
-            record(ResourceKind::Process, &key)?;
+        let (criu, net, rt) = (
+            self.criu.clone(),
+            self.net.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        // The root's pid, as soon as it exists: recorded in the ledger even if
+        // the restore then fails, so the teardown kills and reaps it (it is
+        // drumsd's child, and nobody else would reap it).
+        let root_pid = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let noted = root_pid.clone();
+        let restored = tokio::task::spawn_blocking(move || {
+            criu.restore(&opts, &mut |script, pid| {
+                if script != drums_criu::script::SETUP_NAMESPACES {
+                    return Ok(());
+                }
+                *noted.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((pid, process::ledger_key(pid)));
+                if let Some(f) = &net_fault {
+                    return Err(f.clone());
+                }
+                let r = match &veth {
+                    Some(v) => rt.block_on(net.create_session_veth(&drums_net::VethSpec {
+                        netns_pid: pid,
+                        ..v.clone()
+                    })),
+                    None => rt.block_on(drums_net::loopback_up(pid)),
+                };
+                r.map_err(|e| crate::error_chain(&e))
+            })
+        })
+        .await
+        .expect("restore task does not panic");
+        let noted = root_pid.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((_, Some(key))) = &noted {
+            record(ResourceKind::Process, key)?;
+        }
+        let pid = restored?.pid;
+        if noted.map(|(p, _)| p) != Some(pid) {
+            if let Some(key) = process::ledger_key(pid) {
+                record(ResourceKind::Process, &key)?;
+            }
         }
         self.catalog.set_session_state(id, "creating", Some(pid))?;
         // The restored mount namespace holds its own reference to the root;
@@ -207,23 +261,6 @@ impl Manager {
             .find(|r| r.kind == ResourceKind::Mount)
         {
             self.catalog.release(r.seq)?;
-        }
-
-        self.faults.check("restore.network")?;
-        if rec.network == "bridge" {
-            self.net.attach_port(&host_veth, &self.cfg.bridge).await?;
-            let ip: Ipv4Addr = rec
-                .ip
-                .as_deref()
-                .and_then(|s| s.parse().ok())
-                .expect("bridge siblings have an address");
-            drums_net::readdress(
-                pid,
-                parse_mac(rec.mac.as_deref().unwrap_or_default()),
-                ip,
-                self.cfg.prefix,
-            )
-            .await?;
         }
 
         self.faults.check("restore.hygiene")?;
