@@ -204,6 +204,30 @@ async fn sh(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The warm workload of the checkpointed session: a Python HTTP server.
+const WORKLOAD: &str = "nohup python3 -m http.server 8000 >/dev/null 2>&1 &";
+
+/// Wait (bounded) until a TCP port of a session accepts a connection.
+async fn wait_port(ip: &str, port: u16) -> Result<(), Failure> {
+    let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().map_err(|_| {
+        Failure::new(
+            exit::INTERNAL,
+            format!("bench needs a bridged session, got address {ip:?}"),
+        )
+    })?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    Err(Failure::new(
+        exit::INTERNAL,
+        format!("{addr} never answered"),
+    ))
+}
+
 /// What a memory arm adds: a cold session, or a restored sibling.
 enum Arm<'a> {
     Cold(&'a str),
@@ -256,13 +280,8 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
         }
     };
     let (src, _) = create(c, profile).await?;
-    sh(
-        c,
-        &src,
-        "nohup python3 -m http.server 8000 >/dev/null 2>&1 &",
-    )
-    .await?;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    sh(c, &src, WORKLOAD).await?;
+    wait_port(src.ip.as_deref().unwrap_or_default(), 8000).await?;
     // Dump time: a few checkpoints of the warm session, all but the last removed.
     let mut dumps = Vec::new();
     let mut ck = None;
@@ -294,11 +313,19 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     let (v, _) = restore_n(c, &ck.id, 1).await?;
     remove(c, &v[0]).await?;
 
-    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    let (mut cold, mut warm, mut cold_work) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let (s, t) = create(c, profile).await?;
         remove(c, &s).await?;
         cold.push(t);
+        // The fair comparison for a restore: a cold session brought to the
+        // same state (the workload started and answering).
+        let t0 = Instant::now();
+        let (s, _) = create(c, profile).await?;
+        sh(c, &s, WORKLOAD).await?;
+        wait_port(s.ip.as_deref().unwrap_or_default(), 8000).await?;
+        cold_work.push(t0.elapsed().as_secs_f64());
+        remove(c, &s).await?;
         let (v, t) = restore_n(c, &ck.id, 1).await?;
         for s in &v {
             remove(c, s).await?;
@@ -337,6 +364,8 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     let sort = |v: &mut Vec<f64>| v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     sort(&mut cold);
     sort(&mut warm);
+    sort(&mut cold_work);
+    let (w50, w95) = (percentile(&cold_work, 50.0), percentile(&cold_work, 95.0));
     let mut dump_t: Vec<f64> = dumps.iter().map(|d| d.0).collect();
     let mut frozen: Vec<f64> = dumps.iter().map(|d| d.1).collect();
     sort(&mut dump_t);
@@ -351,6 +380,8 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
             "cold.p50": c50, "cold.p95": c95,
             "restore.p50": r50, "restore.p95": r95,
             "ratio": c50 / r50,
+            "cold_workload.p50": w50, "cold_workload.p95": w95,
+            "ratio_workload": w50 / r50,
             "dump.p50": percentile(&dump_t, 50.0),
             "dump.frozen.p50": percentile(&frozen, 50.0),
             "image_mib": image_mib,
@@ -373,6 +404,12 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
                 ms(r50),
                 ms(r95),
                 format!("cold/restore {:.2}x", c50 / r50),
+            ),
+            row(
+                "cold + the same workload answering",
+                ms(w50),
+                ms(w95),
+                format!("that/restore {:.2}x", w50 / r50),
             ),
         ];
         for (count, t) in &forks {

@@ -28,7 +28,7 @@ async fn sh(c: &Client, s: &Session, script: &str) -> Result<(i32, String), Fail
 }
 
 pub async fn run(c: &Client) -> Result<i32, Failure> {
-    const STEPS: usize = 5;
+    const STEPS: usize = 6;
     let v: drums_api::Version = c.json(Method::GET, "/v1/version", None::<&()>).await?;
     step(
         1,
@@ -77,7 +77,7 @@ pub async fn run(c: &Client) -> Result<i32, Failure> {
         }
     };
     step(
-        5,
+        6,
         STEPS,
         "removing the sessions: processes, mounts, links, cgroups and subvolumes go with them",
     );
@@ -95,7 +95,7 @@ pub async fn run(c: &Client) -> Result<i32, Failure> {
 }
 
 async fn show(c: &Client, sessions: &[(Session, Duration)]) -> Result<i32, Failure> {
-    step(3, 5, "what each session sees from the inside");
+    step(3, 6, "what each session sees from the inside");
     let mut rows = Vec::new();
     for (s, ready) in sessions {
         let (_, host) = sh(c, s, "hostname").await?;
@@ -128,7 +128,7 @@ async fn show(c: &Client, sessions: &[(Session, Duration)]) -> Result<i32, Failu
 
     step(
         4,
-        5,
+        6,
         "isolation: files, processes and network stay inside each session",
     );
     let (a, b) = (&sessions[0].0, &sessions[1].0);
@@ -186,5 +186,103 @@ async fn show(c: &Client, sessions: &[(Session, Duration)]) -> Result<i32, Failu
         "      drums cp host -> {}:/root/hello.txt, read inside: {got:?}",
         a.id
     );
+    fork(c, a).await
+}
+
+/// Checkpoint the session with the running server and fork hygienic siblings.
+async fn fork(c: &Client, a: &Session) -> Result<i32, Failure> {
+    step(
+        5,
+        6,
+        &format!(
+            "checkpoint {} with its Python server running, and fork 3 hygienic siblings",
+            a.id
+        ),
+    );
+    let req = drums_api::CreateCheckpoint {
+        session: a.id.clone(),
+        name: None,
+        clean: false,
+        leave_running: true,
+    };
+    let ck: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+    eprintln!(
+        "      checkpoint {}: {:.1} MiB of images, {:.0} ms (frozen {:.0} ms)",
+        ck.id,
+        ck.images_bytes as f64 / (1 << 20) as f64,
+        ck.dump_ms,
+        ck.frozen_ms
+    );
+    let t = Instant::now();
+    let r: drums_api::RestoreResult = c
+        .json(
+            Method::POST,
+            &format!("/v1/checkpoints/{}/restore", enc(&ck.id)),
+            Some(&drums_api::RestoreRequest { count: 3 }),
+        )
+        .await?;
+    eprintln!(
+        "      3 siblings restored and ready in {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let mut rows = Vec::new();
+    for s in &r.sessions {
+        let (_, gen) = sh(c, s, "cat /run/drums/generation").await?;
+        let (_, mid) = sh(c, s, "cut -c1-8 /etc/machine-id").await?;
+        let (_, serving) = sh(c, s, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/').status)\" 2>&1 | tail -1").await?;
+        rows.push(vec![
+            s.id.clone(),
+            s.hostname.clone(),
+            s.ip.clone().unwrap_or_default(),
+            mid,
+            gen,
+            serving,
+        ]);
+    }
+    print!(
+        "{}",
+        table::render(
+            &[
+                "SIBLING",
+                "HOSTNAME",
+                "ADDRESS",
+                "MACHINE-ID",
+                "GENERATION",
+                "SERVER"
+            ],
+            &rows
+        )
+    );
+    let audit: drums_api::AuditReport = c
+        .json(
+            Method::GET,
+            &format!(
+                "/v1/audit?a={}&b={}",
+                enc(&r.sessions[0].id),
+                enc(&r.sessions[1].id)
+            ),
+            None::<&()>,
+        )
+        .await?;
+    eprintln!(
+        "      drums audit {} {}: {} (isolation and clone checks; `drums audit` shows each)",
+        r.sessions[0].id,
+        r.sessions[1].id,
+        if audit.passed { "passed" } else { "FAILED" }
+    );
+    for s in &r.sessions {
+        c.call(
+            Method::DELETE,
+            &format!("/v1/sessions/{}", enc(&s.id)),
+            None::<&()>,
+        )
+        .await?;
+    }
+    c.call(
+        Method::DELETE,
+        &format!("/v1/checkpoints/{}", enc(&ck.id)),
+        None::<&()>,
+    )
+    .await?;
     Ok(exit::OK)
 }

@@ -429,12 +429,17 @@ fn reap_strays(join_cgroups: &[PathBuf]) {
     loop {
         let mut found = false;
         for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
             if parent_of(pid) != Some(me) {
                 continue;
             }
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            if !needles.iter().any(|n| cg.lines().any(|l| l.ends_with(n.as_str()) || l.contains(&format!("{n} ")))) {
+            if !needles.iter().any(|n| {
+                cg.lines()
+                    .any(|l| l.ends_with(n.as_str()) || l.contains(&format!("{n} ")))
+            }) {
                 continue;
             }
             found = true;
