@@ -252,11 +252,18 @@ pub fn seal_images(images_dir: &Path) -> Result<Vec<ImageFile>> {
 }
 
 /// Cheap check, for every restore: every image is there with its size.
-pub fn check_sizes(images_dir: &Path, images: &[ImageFile]) -> Result<()> {
+///
+/// Returns the newest modification time (ns) among the images, so a caller
+/// can tell whether anything changed since it last verified the checksums.
+pub fn check_sizes(images_dir: &Path, images: &[ImageFile]) -> Result<i128> {
+    let mut newest = 0i128;
     for i in images {
         let p = images_dir.join(&i.name);
         match std::fs::metadata(&p) {
-            Ok(m) if m.len() == i.size => {}
+            Ok(m) if m.len() == i.size => {
+                use std::os::unix::fs::MetadataExt;
+                newest = newest.max(m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128);
+            }
             Ok(m) => {
                 return Err(CheckpointError::Damaged {
                     file: i.name.clone(),
@@ -271,7 +278,7 @@ pub fn check_sizes(images_dir: &Path, images: &[ImageFile]) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(newest)
 }
 
 /// Full check: every image's checksum.

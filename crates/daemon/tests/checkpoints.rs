@@ -318,6 +318,14 @@ fn failure_at_every_restore_step_leaves_nothing() {
                     .starts_with("pages-")
             })
             .unwrap();
+        // A flipped byte (same size) is caught by the checksums, which are
+        // checked again because the image changed since the last restore.
+        let mut bytes = std::fs::read(&pages).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&pages, &bytes).unwrap();
+        let e = restore(&d, &ck.id, 1).await.unwrap_err();
+        assert!(e.to_string().contains("checksum mismatch"), "{e}");
         let len = std::fs::metadata(&pages).unwrap().len();
         std::fs::OpenOptions::new()
             .write(true)

@@ -36,7 +36,24 @@ impl Manager {
         let (ck, m) = self.manifest(checkpoint)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host)?;
-        drums_checkpoint::check_sizes(&self.checkpoint_dir(&ck.id).join("images"), &m.images)?;
+        let images = self.checkpoint_dir(&ck.id).join("images");
+        let newest = drums_checkpoint::check_sizes(&images, &m.images)?;
+        let known = self
+            .verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ck.id)
+            == Some(&newest);
+        if !known {
+            let list = m.images.clone();
+            tokio::task::spawn_blocking(move || drums_checkpoint::verify(&images, &list))
+                .await
+                .expect("no panic")?;
+            self.verified
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ck.id.clone(), newest);
+        }
         self.images.get(&m.session.image)?;
 
         let results = futures::future::join_all((0..count).map(|_| self.restore_one(&m))).await;
