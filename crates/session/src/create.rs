@@ -11,11 +11,10 @@ use drums_catalog::{ResourceKind, SessionRecord};
 use drums_init::{InitConfig, Report};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
-use tracing::warn;
 
 use crate::manager::{guest_socket, Manager};
 use crate::spec::{hostname_for, Network, Spec};
-use crate::{io, process, teardown, SessionError};
+use crate::{io, process, SessionError};
 
 impl Manager {
     /// Create a session and return once its guest agent answers.
@@ -43,25 +42,8 @@ impl Manager {
         let pool = (spec.network == Network::Bridge).then(|| self.pool());
         // Reserves the name and the address atomically.
         let rec = self.catalog.insert_session(rec, pool)?;
-        match self.build(&rec, &spec, &image.rootfs).await {
-            Ok(pid) => {
-                self.catalog
-                    .set_session_state(&rec.id, "running", Some(pid))?;
-                self.get(&rec.id)
-            }
-            Err(e) => {
-                match teardown::remove_owned(self, &rec.id).await {
-                    Ok(()) => self.catalog.delete_session(&rec.id)?,
-                    // Leave the row so `drums rm` or the next sweep finishes the job.
-                    Err(t) => warn!(
-                        "clean up failed create of {}: {}",
-                        rec.id,
-                        crate::error_chain(&t)
-                    ),
-                }
-                Err(e)
-            }
-        }
+        let built = self.build(&rec, &spec, &image.rootfs).await;
+        self.settle(&rec, built).await
     }
 
     async fn build(

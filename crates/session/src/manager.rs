@@ -257,6 +257,35 @@ impl Manager {
         }
     }
 
+    /// The end of a create or a restore: a built session runs; a failed one
+    /// is torn down by its ledger rows, and its row goes too, unless the
+    /// teardown itself failed: then the row stays for `drums rm` or the next
+    /// sweep to finish the job.
+    pub(crate) async fn settle(
+        &self,
+        rec: &SessionRecord,
+        built: Result<i32, SessionError>,
+    ) -> Result<Session, SessionError> {
+        match built {
+            Ok(pid) => {
+                self.catalog
+                    .set_session_state(&rec.id, "running", Some(pid))?;
+                self.get(&rec.id)
+            }
+            Err(e) => {
+                match teardown::remove_owned(self, &rec.id).await {
+                    Ok(()) => self.catalog.delete_session(&rec.id)?,
+                    Err(t) => warn!(
+                        "clean up failed session {}: {}",
+                        rec.id,
+                        crate::error_chain(&t)
+                    ),
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// `drums rm`: kill the session and remove everything it owned.
     pub async fn remove(&self, id_or_name: &str) -> Result<(), SessionError> {
         let rec = self.record(id_or_name)?;

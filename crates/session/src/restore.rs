@@ -16,7 +16,7 @@ use crate::checkpoint::{network_lock, BIN_MOUNT};
 use crate::create::{parse_mac, random_hex, veth_name};
 use crate::manager::{guest_socket, Manager};
 use crate::spec::hostname_for;
-use crate::{io, process, teardown, SessionError};
+use crate::{io, process, SessionError};
 
 /// Most siblings one restore call may start.
 pub const MAX_SIBLINGS: usize = 64;
@@ -105,24 +105,8 @@ impl Manager {
         };
         let pool = (rec.network == "bridge").then(|| self.pool());
         let rec = self.catalog.insert_session(rec, pool)?;
-        match self.build_sibling(&rec, m).await {
-            Ok(pid) => {
-                self.catalog
-                    .set_session_state(&rec.id, "running", Some(pid))?;
-                self.get(&rec.id)
-            }
-            Err(e) => {
-                match teardown::remove_owned(self, &rec.id).await {
-                    Ok(()) => self.catalog.delete_session(&rec.id)?,
-                    Err(t) => warn!(
-                        "clean up failed restore of {}: {}",
-                        rec.id,
-                        crate::error_chain(&t)
-                    ),
-                }
-                Err(e)
-            }
-        }
+        let built = self.build_sibling(&rec, m).await;
+        self.settle(&rec, built).await
     }
 
     async fn build_sibling(&self, rec: &SessionRecord, m: &Manifest) -> Result<i32, SessionError> {
