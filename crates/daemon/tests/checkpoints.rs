@@ -443,3 +443,60 @@ fn export_import_round_trips_and_refuses_another_host() {
     assert!(d.store_subvolumes().is_empty());
     d.stop_and_check_leaks();
 }
+
+/// A checkpoint failing at each step leaves no checkpoint, no images and no
+/// snapshot, and the session keeps running (the post-dump failure thaws it).
+#[test]
+fn failure_at_every_checkpoint_step_leaves_nothing() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let s = d.create(&CreateSession::default()).await.unwrap();
+        for point in drums_session::faults::CHECKPOINT_POINTS {
+            d.arm(Some(point)).await;
+            let req = CreateCheckpoint {
+                session: s.id.clone(),
+                name: None,
+                clean: false,
+                leave_running: true,
+            };
+            let e = d
+                .client
+                .json::<Checkpoint>(Method::POST, "/v1/checkpoints", Some(&req))
+                .await
+                .expect_err(point);
+            assert!(
+                e.to_string()
+                    .contains(&format!("injected fault at {point}")),
+                "{point}: {e}"
+            );
+            d.arm(None).await;
+            let l: drums_api::CheckpointList = d
+                .client
+                .json(Method::GET, "/v1/checkpoints", None::<&()>)
+                .await
+                .unwrap();
+            assert!(
+                l.checkpoints.is_empty(),
+                "{point}: a checkpoint was published"
+            );
+            for dir in [
+                d.state.path().join("checkpoints"),
+                d.state.path().join("store/checkpoints"),
+            ] {
+                let left: Vec<_> = std::fs::read_dir(&dir)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                assert!(left.is_empty(), "{point}: left {left:?}");
+            }
+            assert_eq!(
+                d.sh(&s.id, "echo alive").1,
+                "alive",
+                "{point}: the session did not survive"
+            );
+        }
+        d.rm(&s.id).await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}
