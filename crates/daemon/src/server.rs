@@ -190,12 +190,16 @@ async fn restore(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<impl IntoResponse> {
-    let req: drums_api::RestoreRequest = if b.is_empty() {
-        drums_api::RestoreRequest { count: 1 }
-    } else {
-        body("restore", &b)?
-    };
-    Ok((StatusCode::CREATED, Json(m.restore(&id, req.count).await?)))
+    let count = sibling_count("restore", &b)?;
+    Ok((StatusCode::CREATED, Json(m.restore(&id, count).await?)))
+}
+
+/// The `count` of a restore or fork body; an empty body means one sibling.
+fn sibling_count(what: &str, b: &[u8]) -> Result<usize> {
+    if b.is_empty() {
+        return Ok(1);
+    }
+    Ok(body::<drums_api::RestoreRequest>(what, b)?.count)
 }
 
 /// Checkpoint (leaving the session running), then restore `count` siblings.
@@ -204,11 +208,7 @@ async fn fork(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<impl IntoResponse> {
-    let req: drums_api::RestoreRequest = if b.is_empty() {
-        drums_api::RestoreRequest { count: 1 }
-    } else {
-        body("fork", &b)?
-    };
+    let count = sibling_count("fork", &b)?;
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
             session: id,
@@ -217,10 +217,7 @@ async fn fork(
             leave_running: true,
         })
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(m.restore(&ck.id, req.count).await?),
-    ))
+    Ok((StatusCode::CREATED, Json(m.restore(&ck.id, count).await?)))
 }
 
 #[derive(serde::Deserialize)]

@@ -33,18 +33,6 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
 "#;
 
-/// A teardown's killed processes take a moment to die: wait, bounded.
-fn gone(check: impl Fn() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !check() {
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    true
-}
-
 fn http_get(ip: &str) -> Option<String> {
     use std::io::{Read, Write};
     let addr = format!("{ip}:8000").parse().ok()?;
@@ -267,27 +255,7 @@ fn failure_at_every_restore_step_leaves_nothing() {
                 "{point}: {e}"
             );
             d.arm(None).await;
-            let l: drums_api::SessionList = d
-                .client
-                .json(Method::GET, "/v1/sessions", None::<&()>)
-                .await
-                .unwrap();
-            assert!(l.sessions.is_empty(), "{point}: sessions left");
-            assert!(
-                gone(|| d.processes().is_empty()),
-                "{point}: processes left {:?}",
-                d.processes()
-            );
-            assert!(
-                d.session_links().is_empty(),
-                "{point}: veths left {:?}",
-                d.session_links()
-            );
-            assert!(
-                d.store_subvolumes().is_empty(),
-                "{point}: subvolumes left {:?}",
-                d.store_subvolumes()
-            );
+            d.assert_no_session_left(point).await;
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
             assert!(
                 !mounts.contains(&d.state.path().join("sessions").display().to_string()),

@@ -109,27 +109,7 @@ fn failure_at_every_create_step_leaves_nothing() {
                 "{point}: {e}"
             );
             d.arm(None).await;
-            let l: drums_api::SessionList = d
-                .client
-                .json(Method::GET, "/v1/sessions", None::<&()>)
-                .await
-                .unwrap();
-            assert!(l.sessions.is_empty(), "{point}: session row left");
-            assert!(
-                d.processes().is_empty(),
-                "{point}: processes left {:?}",
-                d.processes()
-            );
-            assert!(
-                d.session_links().is_empty(),
-                "{point}: veths left {:?}",
-                d.session_links()
-            );
-            assert!(
-                d.store_subvolumes().is_empty(),
-                "{point}: subvolumes left {:?}",
-                d.store_subvolumes()
-            );
+            d.assert_no_session_left(point).await;
             let dirs: Vec<_> = std::fs::read_dir(d.state.path().join("sessions"))
                 .unwrap()
                 .flatten()

@@ -54,9 +54,11 @@ impl Manager {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(ck.id.clone(), newest);
         }
-        self.images.get(&m.session.image)?;
+        // Looked up once for all siblings: their overlay's lower layer.
+        let lower = self.images.get(&m.session.image)?.rootfs;
 
-        let results = futures::future::join_all((0..count).map(|_| self.restore_one(&m))).await;
+        let results =
+            futures::future::join_all((0..count).map(|_| self.restore_one(&m, &lower))).await;
         let mut sessions = Vec::new();
         let mut first_err = None;
         for r in results {
@@ -85,7 +87,11 @@ impl Manager {
         })
     }
 
-    async fn restore_one(&self, m: &Manifest) -> Result<Session, SessionError> {
+    async fn restore_one(
+        &self,
+        m: &Manifest,
+        lower: &std::path::Path,
+    ) -> Result<Session, SessionError> {
         let id = random_hex(6);
         let rec = SessionRecord {
             hostname: hostname_for(&id, &id),
@@ -105,11 +111,16 @@ impl Manager {
         };
         let pool = (rec.network == "bridge").then(|| self.pool());
         let rec = self.catalog.insert_session(rec, pool)?;
-        let built = self.build_sibling(&rec, m).await;
+        let built = self.build_sibling(&rec, m, lower).await;
         self.settle(&rec, built).await
     }
 
-    async fn build_sibling(&self, rec: &SessionRecord, m: &Manifest) -> Result<i32, SessionError> {
+    async fn build_sibling(
+        &self,
+        rec: &SessionRecord,
+        m: &Manifest,
+        lower: &std::path::Path,
+    ) -> Result<i32, SessionError> {
         let id = &rec.id;
         let record = |kind, key: &str| self.catalog.record(id, kind, key);
 
@@ -149,7 +160,6 @@ impl Manager {
         // on the host for the duration of the restore only.
         self.faults.check("restore.mount")?;
         record(ResourceKind::Mount, &root.display().to_string())?;
-        let lower = self.images.get(&m.session.image)?.rootfs;
         let data = format!(
             "lowerdir={},upperdir={},workdir={}",
             lower.display(),

@@ -326,6 +326,33 @@ impl TestDaemon {
             .unwrap();
     }
 
+    /// After a failed create or restore: no session row, and none of the host
+    /// resources a session owns (processes, given a moment to die; veths;
+    /// subvolumes) is left.
+    pub async fn assert_no_session_left(&self, point: &str) {
+        let l: drums_api::SessionList = self
+            .client
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.sessions.is_empty(), "{point}: sessions left");
+        assert!(
+            gone(|| self.processes().is_empty()),
+            "{point}: processes left {:?}",
+            self.processes()
+        );
+        assert!(
+            self.session_links().is_empty(),
+            "{point}: veths left {:?}",
+            self.session_links()
+        );
+        assert!(
+            self.store_subvolumes().is_empty(),
+            "{point}: subvolumes left {:?}",
+            self.store_subvolumes()
+        );
+    }
+
     /// The drums CLI against this daemon.
     pub fn drums(&self, args: &[&str]) -> Output {
         Command::new(bin_dir().join("drums"))
@@ -368,6 +395,18 @@ impl Drop for TestDaemon {
 /// A zombie has released its memory, files and namespaces; one whose parent
 /// is not the daemon waits for another process (the host's init) to reap it,
 /// so it is not the daemon's to leak. A zombie child of the daemon is a leak.
+/// A teardown's killed processes take a moment to die: wait, bounded.
+pub fn gone(check: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !check() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 fn dead_zombie(pid: i32, daemon: Option<i32>) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
