@@ -25,6 +25,9 @@ fi
 # network lock), iproute2 (debugging only; drums itself speaks netlink).
 # CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
 # eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
+# Desktop tests on the host (the screen and OSWorld crates drive a real X
+# server): xvfb xdotool wmctrl x11-xserver-utils ffmpeg; python3-venv for the
+# OSWorld client's virtualenv.
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -32,6 +35,7 @@ packages=(
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
   python3-protobuf
   clang llvm libelf-dev zlib1g-dev bpftool
+  xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -98,7 +102,13 @@ log "$(criu --version | head -1)"
 log "building drums (release)"
 (cd "$here" && cargo build --release --workspace --bins -q)
 
-# ---- the default image -------------------------------------------------------
+# ---- vmrun ---------------------------------------------------------------------
+# OSWorld's vmware provider runs `vmrun`; drums-vmrun answers as it.
+ln -sf "$here/target/release/drums-vmrun" /usr/local/bin/vmrun
+
+# ---- the images ----------------------------------------------------------------
 log "building the default image (debootstrap; cached after the first run)"
 "$here/target/release/drumsd" --state-dir "$state" image build default --mirror "$(mirror_uri)"
+log "building the desktop image (debootstrap + pip; cached after the first run)"
+"$here/target/release/drumsd" --state-dir "$state" image build desktop --mirror "$(mirror_uri)"
 log "ready"

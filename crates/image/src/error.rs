@@ -70,6 +70,10 @@ pub enum ImageError {
         tail: String,
     },
 
+    /// A program run inside the tree being built (useradd, pip) failed.
+    #[error("{step} failed: {detail}")]
+    Step { step: String, detail: String },
+
     /// `image.json` exists but cannot be parsed.
     #[error("invalid image metadata {}", path.display())]
     Metadata {

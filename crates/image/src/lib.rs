@@ -25,6 +25,7 @@
 //! same place as the host's own packages.
 
 mod customize;
+pub mod desktop;
 mod error;
 mod fsutil;
 mod recipe;

@@ -21,6 +21,13 @@ pub struct Recipe {
     pub variant: String,
     /// Extra packages installed with `--include`, on top of the variant.
     pub packages: Vec<String>,
+    /// Python packages Debian does not ship, installed with pip after
+    /// debootstrap, each pinned as `name==version` so a rebuild gets the same
+    /// code. Built without build isolation, from Debian's setuptools.
+    pub pip: Vec<String>,
+    /// The desktop layer (see [`crate::desktop`]): the user `user`, the
+    /// `google-chrome` wrapper and Chromium's profile directory.
+    pub desktop: bool,
 }
 
 impl Recipe {
@@ -44,6 +51,73 @@ impl Recipe {
             .into_iter()
             .map(String::from)
             .collect(),
+            pip: Vec::new(),
+            desktop: false,
+        }
+    }
+
+    /// The desktop profile's image: the headless set plus Xvfb, D-Bus,
+    /// openbox, Chromium and what OSWorld's guest protocol and its tasks use
+    /// (xdotool and wmctrl for windows, ffmpeg for recordings, socat, Python
+    /// with Xlib, Pillow, Tk and AT-SPI for pyautogui and the accessibility
+    /// tree). pyautogui itself is not packaged by Debian, so it and its small
+    /// pure-Python dependencies come from pip, pinned.
+    pub fn desktop() -> Recipe {
+        let mut r = Recipe::headless();
+        r.packages.extend(
+            [
+                "xvfb",
+                "dbus",
+                "dbus-x11",
+                "openbox",
+                "chromium",
+                "xdotool",
+                "wmctrl",
+                "socat",
+                "ffmpeg",
+                "python-is-python3",
+                "python3-pip",
+                "python3-setuptools",
+                "python3-wheel",
+                "python3-xlib",
+                "python3-pil",
+                "python3-tk",
+                "python3-pyatspi",
+                "at-spi2-core",
+                "x11-utils",
+                "x11-xserver-utils",
+                "xclip",
+                "xdg-utils",
+                "fonts-dejavu-core",
+                "fonts-liberation",
+            ]
+            .into_iter()
+            .map(String::from),
+        );
+        r.pip = [
+            "pyautogui==0.9.54",
+            "pymsgbox==2.0.1",
+            "pytweening==1.2.0",
+            "pyscreeze==1.0.1",
+            "pygetwindow==0.0.9",
+            "pyrect==0.2.0",
+            "mouseinfo==0.1.3",
+            "pyperclip==1.11.0",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        r.desktop = true;
+        r
+    }
+
+    /// The recipe an image of this name is built from: `desktop` is the
+    /// desktop profile's image, every other name the headless one.
+    pub fn for_image(name: &str) -> Recipe {
+        if name == "desktop" {
+            Recipe::desktop()
+        } else {
+            Recipe::headless()
         }
     }
 
@@ -59,7 +133,7 @@ impl Recipe {
         let mut packages: Vec<&str> = self.packages.iter().map(String::as_str).collect();
         packages.sort_unstable();
         packages.dedup();
-        let canonical = serde_json::json!({
+        let mut canonical = serde_json::json!({
             "kind": "drums-image-recipe",
             "revision": RECIPE_REVISION,
             // The hook is written into every image: a change to it is a change
@@ -69,6 +143,17 @@ impl Recipe {
             "variant": self.variant,
             "packages": packages,
         });
+        // Only present when used, so images without them keep their hash
+        // (and are not rebuilt) across the version that introduced them.
+        if !self.pip.is_empty() {
+            let mut pip: Vec<&str> = self.pip.iter().map(String::as_str).collect();
+            pip.sort_unstable();
+            pip.dedup();
+            canonical["pip"] = pip.into();
+        }
+        if self.desktop {
+            canonical["desktop_layer"] = crate::desktop::layer_hash().into();
+        }
         let digest = Sha256::digest(canonical.to_string().as_bytes());
         digest.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -106,6 +191,24 @@ impl Recipe {
                     field: "package",
                     value: p.clone(),
                     reason: "not a valid debian package name",
+                });
+            }
+        }
+        // pip requirement specifiers, pinned: `name==version` only, so
+        // nothing reaches pip's command line as an option or a URL.
+        for p in &self.pip {
+            let pinned = p.split_once("==").is_some_and(|(name, version)| {
+                is_token(&name.to_ascii_lowercase(), |c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')
+                }) && is_token(version, |c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '.' | '+')
+                })
+            });
+            if !pinned {
+                return Err(ImageError::InvalidRecipe {
+                    field: "pip",
+                    value: p.clone(),
+                    reason: "expected a pinned requirement such as pyautogui==0.9.54",
                 });
             }
         }
@@ -154,6 +257,43 @@ mod tests {
         let mut variant = base.clone();
         variant.variant = "buildd".into();
         assert_ne!(base.hash(), variant.hash());
+    }
+
+    /// The value the default image was built with before `pip` and
+    /// `desktop` existed: adding them must not rebuild existing images.
+    #[test]
+    fn headless_hash_is_unchanged_by_the_desktop_fields() {
+        assert_eq!(
+            Recipe::headless().hash(),
+            "a230daa40490bb3a612e8bec4c59c8c3ba71761d317da03e67e102b026bdfde0"
+        );
+    }
+
+    #[test]
+    fn desktop_recipe_differs_and_validates() {
+        let d = Recipe::desktop();
+        d.validate().unwrap();
+        assert_ne!(d.hash(), Recipe::headless().hash());
+        let mut no_layer = d.clone();
+        no_layer.desktop = false;
+        assert_ne!(d.hash(), no_layer.hash());
+        let mut more = d.clone();
+        more.pip.push("numpy==1.26.4".into());
+        assert_ne!(d.hash(), more.hash());
+        for bad in [
+            "pyautogui",
+            "pyautogui>=1",
+            "--index-url=x==1",
+            "a==1 b",
+            "x==",
+            "==1",
+        ] {
+            let mut r = d.clone();
+            r.pip.push(bad.into());
+            assert!(r.validate().is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Recipe::for_image("desktop"), d);
+        assert_eq!(Recipe::for_image("default"), Recipe::headless());
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub const DEFAULT_IMAGES_DIR: &str = "/var/lib/drums/images";
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/drums/cache/debootstrap";
 
 /// Version of the `image.json` format written by this crate. See [`ImageInfo`].
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const METADATA_FILE: &str = "image.json";
 const ROOTFS_DIR: &str = "rootfs";
@@ -52,6 +52,12 @@ pub struct ImageInfo {
     pub arch: String,
     /// Packages passed to `--include`, as given in the recipe.
     pub packages: Vec<String>,
+    /// Pinned pip packages installed after debootstrap (format 2; absent in 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
+    /// The desktop layer was applied (format 2; absent in 1).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub desktop: bool,
     /// [`Recipe::hash`] of the recipe the image was built from.
     pub recipe_hash: String,
     /// Unix time (seconds) the build finished.
@@ -70,6 +76,8 @@ impl ImageInfo {
             suite: self.suite.clone(),
             variant: self.variant.clone(),
             packages: self.packages.clone(),
+            pip: self.pip.clone(),
+            desktop: self.desktop,
         }
     }
 }
@@ -273,6 +281,17 @@ impl ImageStore {
         ));
         self.run_debootstrap(recipe, arch, mirror, &cache_dir, &rootfs, &log, progress)?;
 
+        if recipe.desktop {
+            progress("applying the desktop layer (user, google-chrome, pip packages)");
+            crate::desktop::apply(&rootfs, &recipe.pip, &log)?;
+        } else if !recipe.pip.is_empty() {
+            return Err(ImageError::InvalidRecipe {
+                field: "pip",
+                value: recipe.pip.join(" "),
+                reason: "pip packages are only installed with the desktop layer",
+            });
+        }
+
         progress("customizing rootfs");
         customize(&rootfs)?;
 
@@ -288,6 +307,8 @@ impl ImageStore {
             variant: recipe.variant.clone(),
             arch: arch.to_string(),
             packages: recipe.packages.clone(),
+            pip: recipe.pip.clone(),
+            desktop: recipe.desktop,
             recipe_hash: hash,
             created_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -721,6 +742,8 @@ mod tests {
             variant: r.variant.clone(),
             arch: host_arch().into(),
             packages: r.packages.clone(),
+            pip: r.pip.clone(),
+            desktop: r.desktop,
             recipe_hash: r.hash(),
             created_at: 1_700_000_000,
             size_bytes: 4096,
@@ -780,9 +803,21 @@ mod tests {
         // rootfs is derived, not stored.
         let value: serde_json::Value = serde_json::from_slice(&text).unwrap();
         assert!(value.get("rootfs").is_none());
-        assert_eq!(value["format_version"], 1);
+        assert_eq!(value["format_version"], 2);
         assert_eq!(value["suite"], "bookworm");
         assert_eq!(value["variant"], "minbase");
+        // A headless image writes no desktop fields.
+        assert!(value.get("pip").is_none() && value.get("desktop").is_none());
+    }
+
+    /// Images built before format 2 are read as what they are: headless.
+    #[test]
+    fn format_1_is_read_as_headless() {
+        let mut value = serde_json::to_value(sample_info("x")).unwrap();
+        value["format_version"] = 1.into();
+        let text = serde_json::to_vec(&value).unwrap();
+        let info = parse_metadata(&text, Path::new("image.json")).unwrap();
+        assert_eq!(info.recipe(), Recipe::headless());
     }
 
     #[test]
@@ -797,8 +832,8 @@ mod tests {
             matches!(
                 err,
                 ImageError::UnsupportedFormat {
-                    found: 2,
-                    supported: 1,
+                    found: 3,
+                    supported: 2,
                     ..
                 }
             ),
