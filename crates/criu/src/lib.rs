@@ -128,6 +128,11 @@ pub struct Criu {
     run_dir: Option<PathBuf>,
 }
 
+/// The shim's file name in the run dir, which swrk sees as /run.
+pub(crate) const PRLIMIT_SHIM: &str = "drums-criu-prlimit.so";
+/// Built by build.rs from shim/prlimit.c.
+const PRLIMIT_SHIM_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/drums-criu-prlimit.so"));
+
 /// Where a source-built CRIU lands (`make install`), and often not in root's PATH.
 const FALLBACK_DIR: &str = "/usr/local/sbin";
 
@@ -153,9 +158,21 @@ impl Criu {
     /// Run swrk with `dir` (a tmpfs) as its /run, in a private mount
     /// namespace, so CRIU can keep its kernel-probe cache between runs on a
     /// host whose /run is not a tmpfs.
-    pub fn with_run_dir(mut self, dir: impl Into<PathBuf>) -> Criu {
-        self.run_dir = Some(dir.into());
-        self
+    ///
+    /// The prlimit shim (`shim/prlimit.c`) is written there too and preloaded
+    /// into swrk: without CAP_SYS_RESOURCE, CRIU cannot otherwise read the
+    /// limits of a process running as another user, and refuses to dump it.
+    /// `dir` must be writable by root only, since swrk loads code from it.
+    pub fn with_run_dir(mut self, dir: impl Into<PathBuf>) -> Result<Criu, CriuError> {
+        let dir = dir.into();
+        let shim = dir.join(PRLIMIT_SHIM);
+        std::fs::write(&shim, PRLIMIT_SHIM_SO).map_err(|source| CriuError::Spawn {
+            op: Op::Version,
+            bin: shim.clone(),
+            source,
+        })?;
+        self.run_dir = Some(dir);
+        Ok(self)
     }
 
     pub fn binary(&self) -> &Path {

@@ -77,6 +77,11 @@ impl Swrk {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if run_dir.is_some() {
+            // The run dir is swrk's /run once the mount below is made, which
+            // is before the exec that loads the preload.
+            cmd.env("LD_PRELOAD", format!("/run/{}", crate::PRLIMIT_SHIM));
+        }
         // Built before the fork: the child may not allocate.
         let run_dir = run_dir
             .map(|d| std::ffi::CString::new(d.as_os_str().as_encoded_bytes()))

@@ -102,13 +102,22 @@ impl Manager {
         let is_tmpfs = nix::sys::statfs::statfs(&criu_run)
             .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
             .unwrap_or(false);
-        if !is_tmpfs {
+        {
             use nix::mount::MsFlags;
+            // Not noexec: swrk maps drums' prlimit shim from it (see
+            // drums_criu::Criu::with_run_dir). Root-only (0700), as it holds
+            // code root runs. A tmpfs left by an older daemon is remounted with
+            // these flags.
+            let remount = if is_tmpfs {
+                MsFlags::MS_REMOUNT
+            } else {
+                MsFlags::empty()
+            };
             nix::mount::mount(
                 Some("tmpfs"),
                 &criu_run,
                 Some("tmpfs"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                remount | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                 Some("size=16m,mode=0700"),
             )
             .map_err(|e| SessionError::Io {
@@ -117,7 +126,7 @@ impl Manager {
                 source: e.into(),
             })?;
         }
-        let criu = drums_criu::Criu::new()?.with_run_dir(&criu_run);
+        let criu = drums_criu::Criu::new()?.with_run_dir(&criu_run)?;
         let criu_version = criu.version()?;
         std::fs::create_dir_all(state.join("checkpoints"))
             .map_err(io("create", state.join("checkpoints")))?;
