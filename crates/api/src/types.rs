@@ -10,9 +10,13 @@ use serde::{Deserialize, Serialize};
 pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// `headless` (default). `desktop` arrives with the desktop profile.
+    /// `headless` (default) or `desktop` (Xvfb, openbox, Chromium and the
+    /// OSWorld protocol on port 5000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// Desktop options; only with `profile: desktop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desktop: Option<DesktopOptions>,
     /// Image name; default `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -21,6 +25,18 @@ pub struct CreateSession {
     /// `bridge` (default) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+}
+
+/// What a desktop session shows when it starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesktopOptions {
+    /// The page Chromium opens (default: a titled local page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Screen size as `WIDTHxHEIGHT` (default `1280x800`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -191,6 +207,10 @@ pub struct CheckpointList {
 pub struct RestoreRequest {
     #[serde(default = "one")]
     pub count: usize,
+    /// Name of the restored session; only with `count: 1` (siblings of a
+    /// larger restore are named by drums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 fn one() -> usize {

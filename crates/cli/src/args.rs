@@ -97,8 +97,15 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
+    /// headless, or desktop (Xvfb, openbox, Chromium, OSWorld's port 5000).
     #[arg(long, default_value = "headless")]
     pub profile: String,
+    /// desktop: the page Chromium opens (default: a titled local page).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// desktop: screen size, WIDTHxHEIGHT (default 1280x800).
+    #[arg(long)]
+    pub screen: Option<String>,
     #[arg(long)]
     pub name: Option<String>,
     #[arg(long)]

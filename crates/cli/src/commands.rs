@@ -25,6 +25,12 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
     Ok(CreateSession {
         name: a.name.clone(),
         profile: Some(a.profile.clone()),
+        // Sent whenever given, so a headless profile with desktop options is
+        // refused by drumsd with a clear error rather than ignored here.
+        desktop: (a.url.is_some() || a.screen.is_some()).then(|| drums_api::DesktopOptions {
+            url: a.url.clone(),
+            screen: a.screen.clone(),
+        }),
         image: a.image.clone(),
         limits: Limits {
             memory_bytes,
@@ -405,7 +411,7 @@ pub async fn restore(c: &Client, uri: &str, count: usize, json: bool) -> Result<
         .json(
             Method::POST,
             uri,
-            Some(&drums_api::RestoreRequest { count }),
+            Some(&drums_api::RestoreRequest { count, name: None }),
         )
         .await?;
     if json {

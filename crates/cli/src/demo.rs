@@ -218,7 +218,10 @@ async fn fork(c: &Client, a: &Session) -> Result<i32, Failure> {
         .json(
             Method::POST,
             &format!("/v1/checkpoints/{}/restore", enc(&ck.id)),
-            Some(&drums_api::RestoreRequest { count: 3 }),
+            Some(&drums_api::RestoreRequest {
+                count: 3,
+                name: None,
+            }),
         )
         .await?;
     eprintln!(

@@ -190,16 +190,23 @@ async fn restore(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<impl IntoResponse> {
-    let count = sibling_count("restore", &b)?;
-    Ok((StatusCode::CREATED, Json(m.restore(&id, count).await?)))
+    let req = restore_request("restore", &b)?;
+    let name = req.name.as_deref();
+    Ok((
+        StatusCode::CREATED,
+        Json(m.restore(&id, req.count, name).await?),
+    ))
 }
 
-/// The `count` of a restore or fork body; an empty body means one sibling.
-fn sibling_count(what: &str, b: &[u8]) -> Result<usize> {
+/// The body of a restore or fork; an empty body means one unnamed sibling.
+fn restore_request(what: &str, b: &[u8]) -> Result<drums_api::RestoreRequest> {
     if b.is_empty() {
-        return Ok(1);
+        return Ok(drums_api::RestoreRequest {
+            count: 1,
+            name: None,
+        });
     }
-    Ok(body::<drums_api::RestoreRequest>(what, b)?.count)
+    body::<drums_api::RestoreRequest>(what, b)
 }
 
 /// Checkpoint (leaving the session running), then restore `count` siblings.
@@ -208,7 +215,7 @@ async fn fork(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<impl IntoResponse> {
-    let count = sibling_count("fork", &b)?;
+    let req = restore_request("fork", &b)?;
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
             session: id,
@@ -217,7 +224,11 @@ async fn fork(
             leave_running: true,
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(m.restore(&ck.id, count).await?)))
+    let name = req.name.as_deref();
+    Ok((
+        StatusCode::CREATED,
+        Json(m.restore(&ck.id, req.count, name).await?),
+    ))
 }
 
 #[derive(serde::Deserialize)]
@@ -376,7 +387,7 @@ pub fn build_image(
     let info = store
         .build(
             name,
-            &drums_image::Recipe::headless(),
+            &drums_image::Recipe::for_image(name),
             &mirror,
             &cache,
             &mut |msg| eprintln!("image {name}: {msg}"),

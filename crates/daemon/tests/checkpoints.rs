@@ -74,7 +74,7 @@ async fn restore(
         .json(
             Method::POST,
             &format!("/v1/checkpoints/{ck}/restore"),
-            Some(&RestoreRequest { count }),
+            Some(&RestoreRequest { count, name: None }),
         )
         .await
 }

@@ -16,10 +16,13 @@
 //! - [`files`]: `/v1/files` and `/v1/dir`.
 //! - [`hygiene`]: `/v1/hygiene`, what a restored sibling changes inside
 //!   itself (hostname, machine-id, generation, the reseed protocol).
+//! - [`desktop`]: `/v1/desktop…`, the desktop profile's services, its
+//!   agent-readiness, the browser's hygiene, and OSWorld's port 5000.
 //! - [`paths`]: lexical resolution of client paths.
 //! - [`users`]: `/etc/passwd` and `/etc/group` lookup without NSS.
 //! - [`error`]: the JSON error body.
 
+pub mod desktop;
 pub mod error;
 pub mod exec;
 pub mod files;

@@ -117,6 +117,7 @@ pub fn router_with(hygiene: HygieneConfig) -> Router {
         .route("/v1/files", get(files::get_file).put(files::put_file))
         .route("/v1/dir", get(files::list_dir))
         .merge(hygiene::router(hygiene))
+        .merge(crate::desktop::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(log_request))

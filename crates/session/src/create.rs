@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
 
 use crate::manager::{guest_socket, Manager};
-use crate::spec::{hostname_for, Network, Spec};
+use crate::spec::{hostname_for, DesktopSpec, Network, Spec};
 use crate::{io, process, SessionError};
 
 impl Manager {
@@ -126,7 +126,22 @@ impl Manager {
 
         self.faults.check("create.ready")?;
         self.wait_ready(id, pid).await?;
+        if let Some(desktop) = &spec.desktop {
+            self.faults.check("create.desktop")?;
+            self.start_desktop(pid, desktop).await?;
+        }
         Ok(pid)
+    }
+
+    /// The desktop profile: the guest agent starts Xvfb, dbus, openbox and
+    /// Chromium and answers when the desktop is agent-ready.
+    async fn start_desktop(&self, pid: i32, desktop: &DesktopSpec) -> Result<(), SessionError> {
+        let client = drums_api::Client::new(guest_socket(pid));
+        let _: serde_json::Value = client
+            .json(hyper::Method::POST, "/v1/desktop", Some(desktop))
+            .await
+            .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+        Ok(())
     }
 
     async fn network(

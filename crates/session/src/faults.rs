@@ -35,6 +35,10 @@ pub const RESTORE_POINTS: &[&str] = &[
     "restore.hygiene",
 ];
 
+/// Points only a desktop session passes: its desktop's start, and the
+/// browser's hygiene and readiness after a restore.
+pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
+
 #[derive(Default)]
 pub struct Faults {
     armed: Mutex<Option<String>>,
@@ -47,6 +51,7 @@ impl Faults {
                 .iter()
                 .chain(CHECKPOINT_POINTS)
                 .chain(RESTORE_POINTS)
+                .chain(DESKTOP_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

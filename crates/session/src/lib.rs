@@ -68,6 +68,8 @@ pub enum SessionError {
     Checkpoint(#[from] drums_checkpoint::CheckpointError),
     #[error("hygiene: {0}")]
     Hygiene(String),
+    #[error("desktop: {0}")]
+    Desktop(String),
     #[error("session init: {0}")]
     Init(String),
     #[error("injected fault at {0}")]

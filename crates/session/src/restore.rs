@@ -22,16 +22,27 @@ use crate::{io, process, SessionError};
 pub const MAX_SIBLINGS: usize = 64;
 
 impl Manager {
-    /// Restore `count` siblings of a checkpoint; all or nothing.
+    /// Restore `count` siblings of a checkpoint; all or nothing. A single
+    /// sibling may be given a `name` (as `vmrun revertToSnapshot` needs, to
+    /// keep a VM's name across reverts); otherwise each is named by its id.
     pub async fn restore(
         &self,
         checkpoint: &str,
         count: usize,
+        name: Option<&str>,
     ) -> Result<RestoreResult, SessionError> {
         if count == 0 || count > MAX_SIBLINGS {
             return Err(SessionError::Invalid(format!(
                 "count {count}: restore 1 to {MAX_SIBLINGS} siblings at a time"
             )));
+        }
+        if let Some(n) = name {
+            if count != 1 {
+                return Err(SessionError::Invalid(format!(
+                    "a name is only accepted for a single sibling, not for count {count}"
+                )));
+            }
+            crate::spec::validate_name(n)?;
         }
         let (ck, m) = self.manifest(checkpoint)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
@@ -58,7 +69,7 @@ impl Manager {
         let lower = self.images.get(&m.session.image)?.rootfs;
 
         let results =
-            futures::future::join_all((0..count).map(|_| self.restore_one(&m, &lower))).await;
+            futures::future::join_all((0..count).map(|_| self.restore_one(&m, &lower, name))).await;
         let mut sessions = Vec::new();
         let mut first_err = None;
         for r in results {
@@ -91,11 +102,13 @@ impl Manager {
         &self,
         m: &Manifest,
         lower: &std::path::Path,
+        name: Option<&str>,
     ) -> Result<Session, SessionError> {
         let id = random_hex(6);
+        let name = name.map_or_else(|| id.clone(), str::to_owned);
         let rec = SessionRecord {
-            hostname: hostname_for(&id, &id),
-            name: id.clone(),
+            hostname: hostname_for(&name, &id),
+            name,
             id,
             profile: m.session.profile.clone(),
             image: m.session.image.clone(),
@@ -275,14 +288,19 @@ impl Manager {
         }
 
         self.faults.check("restore.hygiene")?;
-        self.hygiene(rec, pid).await?;
+        self.hygiene(rec, pid, m.clean).await?;
         Ok(pid)
     }
 
     /// The in-session half of hygiene, by the guest agent: hostname,
     /// machine-id, generation, and the reseed of registered processes. Its
     /// answer is also the sibling's readiness.
-    async fn hygiene(&self, rec: &SessionRecord, pid: i32) -> Result<(), SessionError> {
+    async fn hygiene(
+        &self,
+        rec: &SessionRecord,
+        pid: i32,
+        clean: bool,
+    ) -> Result<(), SessionError> {
         let body = serde_json::json!({
             "hostname": rec.hostname,
             "machine_id": random_hex(16),
@@ -294,6 +312,21 @@ impl Manager {
             .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
             .await
             .map_err(|e| SessionError::Hygiene(crate::error_chain(&e)))?;
+        if rec.profile == "desktop" {
+            self.faults.check("restore.desktop")?;
+            // The hostname has changed: now the browser's profile lock, and for
+            // a clean checkpoint its cookies, storage and renderers. Then the
+            // sibling is ready when its desktop is agent-ready.
+            let browser = serde_json::json!({"hostname": rec.hostname, "clean": clean});
+            let _: serde_json::Value = client
+                .json(hyper::Method::POST, "/v1/desktop/hygiene", Some(&browser))
+                .await
+                .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+            let _: serde_json::Value = client
+                .json(hyper::Method::GET, "/v1/desktop/ready", None::<&()>)
+                .await
+                .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+        }
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use drums_api::{CreateSession, Limits};
 use crate::SessionError;
 
 /// Profiles this build can start.
-pub const PROFILES: &[&str] = &["headless"];
+pub const PROFILES: &[&str] = &["headless", "desktop"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Network {
@@ -33,7 +33,20 @@ pub struct Spec {
     pub image: String,
     pub limits: Limits,
     pub network: Network,
+    /// Set for the desktop profile (with defaults filled in).
+    pub desktop: Option<DesktopSpec>,
 }
+
+/// What the guest agent starts the desktop with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DesktopSpec {
+    /// `WIDTHxHEIGHT`.
+    pub screen: String,
+    pub url: Option<String>,
+}
+
+/// The screen a desktop gets when the request names none.
+pub const DEFAULT_SCREEN: &str = "1280x800";
 
 pub fn validate_name(name: &str) -> Result<(), SessionError> {
     let ok = !name.is_empty()
@@ -63,6 +76,31 @@ impl Spec {
                 PROFILES.join(", ")
             )));
         }
+        let desktop = match (profile.as_str(), &req.desktop) {
+            ("desktop", opts) => {
+                let opts = opts.clone().unwrap_or_default();
+                let screen = opts.screen.unwrap_or_else(|| DEFAULT_SCREEN.into());
+                validate_screen(&screen)?;
+                if let Some(url) = &opts.url {
+                    validate_url(url)?;
+                }
+                Some(DesktopSpec {
+                    screen,
+                    url: opts.url,
+                })
+            }
+            (_, Some(_)) => {
+                return Err(SessionError::Invalid(format!(
+                    "desktop options need the desktop profile, not {profile:?}"
+                )));
+            }
+            _ => None,
+        };
+        let default_image = if desktop.is_some() {
+            "desktop"
+        } else {
+            "default"
+        };
         let network = match req.network.as_deref().unwrap_or("bridge") {
             "bridge" => Network::Bridge,
             "none" => Network::None,
@@ -83,10 +121,46 @@ impl Spec {
         Ok(Spec {
             name: req.name.clone(),
             profile,
-            image: req.image.clone().unwrap_or_else(|| "default".into()),
+            image: req.image.clone().unwrap_or_else(|| default_image.into()),
             limits: req.limits.clone(),
             network,
+            desktop,
         })
+    }
+}
+
+/// `WIDTHxHEIGHT`, each 64 to 8192 (what Xvfb and a screenshot can hold).
+fn validate_screen(s: &str) -> Result<(), SessionError> {
+    let ok = s.split_once('x').is_some_and(|(w, h)| {
+        [w, h].iter().all(|n| {
+            !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && n.parse::<u32>().is_ok_and(|v| (64..=8192).contains(&v))
+        })
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(SessionError::Invalid(format!(
+            "invalid screen {s:?}: expected WIDTHxHEIGHT such as 1280x800, each 64 to 8192"
+        )))
+    }
+}
+
+/// A URL Chromium is given as its first page: it becomes a command-line
+/// argument, so nothing that looks like an option and no control characters.
+fn validate_url(url: &str) -> Result<(), SessionError> {
+    let ok = !url.is_empty()
+        && !url.starts_with('-')
+        && url.len() <= 8192
+        && url.contains(':')
+        && !url.chars().any(|c| c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(SessionError::Invalid(format!(
+            "invalid url {url:?}: expected an absolute URL such as https://example.com or data:text/html,..."
+        )))
     }
 }
 
@@ -108,6 +182,62 @@ pub fn hostname_for(name: &str, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn desktop_defaults_and_bad_desktop_input() {
+        let d = Spec::from_request(&CreateSession {
+            profile: Some("desktop".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(d.image, "desktop");
+        assert_eq!(
+            d.desktop,
+            Some(DesktopSpec {
+                screen: "1280x800".into(),
+                url: None
+            })
+        );
+        let h = Spec::from_request(&CreateSession::default()).unwrap();
+        assert_eq!((h.image.as_str(), h.desktop), ("default", None));
+        let with = |screen: &str, url: Option<&str>| CreateSession {
+            profile: Some("desktop".into()),
+            desktop: Some(drums_api::DesktopOptions {
+                screen: Some(screen.into()),
+                url: url.map(Into::into),
+            }),
+            ..Default::default()
+        };
+        assert!(Spec::from_request(&with("1920x1080", Some("https://example.com"))).is_ok());
+        for bad in [
+            "1920",
+            "0x0",
+            "1920x1080x24",
+            "+1920x1080",
+            "99999x10",
+            "axb",
+        ] {
+            let e = Spec::from_request(&with(bad, None))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("invalid screen"), "{bad:?}: {e}");
+        }
+        for bad in [
+            "--remote-debugging-address=0.0.0.0",
+            "example.com",
+            "a:\nb",
+            "",
+        ] {
+            let e = Spec::from_request(&with("800x600", Some(bad)))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("invalid url"), "{bad:?}: {e}");
+        }
+        let mut headless = with("800x600", None);
+        headless.profile = None;
+        let e = Spec::from_request(&headless).unwrap_err().to_string();
+        assert!(e.contains("need the desktop profile"), "{e}");
+    }
 
     #[test]
     fn refuses_bad_names_profiles_networks_and_limits() {
