@@ -8,6 +8,8 @@ use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 use serde_json::json;
 
+mod desktop;
+
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -182,7 +184,7 @@ async fn restore_n(c: &Client, ck: &str, count: usize) -> Result<(Vec<Session>, 
         .json(
             Method::POST,
             &format!("/v1/checkpoints/{}/restore", enc(ck)),
-            Some(&drums_api::RestoreRequest { count }),
+            Some(&drums_api::RestoreRequest { count, name: None }),
         )
         .await?;
     Ok((r.sessions, t.elapsed().as_secs_f64()))
@@ -234,8 +236,40 @@ enum Arm<'a> {
     Restored(&'a str),
 }
 
-/// Memory per added session: host slope over `steps`, and the mean cgroup charge.
-async fn memory_slope(c: &Client, steps: &[usize], arm: Arm<'_>) -> Result<(f64, f64), Failure> {
+/// Proportional set size (MiB) of every process in the PID namespace of
+/// `init_pid`: shared pages count once across all their users, so this is
+/// what one more session really adds, without the host-wide noise of
+/// MemAvailable. Needs root (other users' smaps).
+fn session_pss_mib(init_pid: i32) -> f64 {
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let Some(want) = ns(&init_pid.to_string()) else {
+        return 0.0;
+    };
+    let mut kib = 0.0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || ns(&name).as_ref() != Some(&want) {
+            continue;
+        }
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{name}/smaps_rollup")).unwrap_or_default();
+        kib += rollup
+            .lines()
+            .find(|l| l.starts_with("Pss:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    kib / 1024.0
+}
+
+/// Memory per added session: host slope over `steps`, the mean cgroup
+/// charge, and the mean PSS of the sessions at the last step.
+async fn memory_slope(
+    c: &Client,
+    steps: &[usize],
+    arm: Arm<'_>,
+) -> Result<(f64, f64, f64), Failure> {
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
     let mut points = vec![(0.0, host_used_median().await)];
     let mut live: Vec<Session> = Vec::new();
@@ -249,6 +283,12 @@ async fn memory_slope(c: &Client, steps: &[usize], arm: Arm<'_>) -> Result<(f64,
         tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
         points.push((target as f64, host_used_median().await));
     }
+    let pss = live
+        .iter()
+        .filter_map(|s| s.init_pid)
+        .map(session_pss_mib)
+        .sum::<f64>()
+        / live.len().max(1) as f64;
     let mut charged = 0.0;
     for s in &live {
         let st: drums_api::SessionStats = c
@@ -263,7 +303,7 @@ async fn memory_slope(c: &Client, steps: &[usize], arm: Arm<'_>) -> Result<(f64,
     for s in &live {
         remove(c, s).await?;
     }
-    Ok((slope(&points), charged / live.len().max(1) as f64))
+    Ok((slope(&points), charged / live.len().max(1) as f64, pss))
 }
 
 /// `drums bench restore`: COLD (create to ready) and RESTORE (hygienic
@@ -273,6 +313,9 @@ async fn memory_slope(c: &Client, steps: &[usize], arm: Arm<'_>) -> Result<(f64,
 pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Result<i32, Failure> {
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
+    }
+    if profile == "desktop" {
+        return desktop::restore(c, n, as_json).await;
     }
     let say = |m: String| {
         if !as_json {
@@ -351,9 +394,9 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
         say(format!("fork of {count}: all ready in {:.1} ms", t * 1e3));
     }
     say("memory: cold sessions".into());
-    let (cold_slope, cold_cg) = memory_slope(c, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
+    let (cold_slope, cold_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
     say("memory: restored siblings".into());
-    let (warm_slope, warm_cg) = memory_slope(c, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
+    let (warm_slope, warm_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
     c.call(
         Method::DELETE,
         &format!("/v1/checkpoints/{}", enc(&ck.id)),

@@ -160,6 +160,13 @@ fn clean_desktop_siblings_are_ready_and_not_clones() {
             .await
             .unwrap();
         assert!(audit.passed, "{audit:#?}");
+        assert!(
+            audit
+                .identical_by_design
+                .iter()
+                .any(|l| l.contains("a clean checkpoint resets cookies")),
+            "{audit:#?}"
+        );
 
         drive_with_osworld_client(r.sessions[2].ip.as_deref().unwrap());
 
@@ -287,6 +294,19 @@ fn desktop_failures_leave_nothing() {
         let a = math_random(r.sessions[0].ip.as_deref().unwrap()).await;
         let b = math_random(r.sessions[1].ip.as_deref().unwrap()).await;
         assert_eq!(a, b, "without --clean the renderer is the checkpointed one");
+        let (x, y) = (&r.sessions[0].id, &r.sessions[1].id);
+        let audit: drums_api::AuditReport = d
+            .client
+            .json(Method::GET, &format!("/v1/audit?a={x}&b={y}"), None::<&()>)
+            .await
+            .unwrap();
+        assert!(
+            audit
+                .identical_by_design
+                .iter()
+                .any(|l| l.contains("Math.random sequence")),
+            "the audit says the browser is kept: {audit:#?}"
+        );
         for s in &r.sessions {
             d.rm(&s.id).await.unwrap();
         }

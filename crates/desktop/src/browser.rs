@@ -46,11 +46,7 @@ pub struct BrowserReport {
 pub async fn apply(user: &User, h: &BrowserHygiene) -> Result<BrowserReport, DesktopError> {
     let t0 = Instant::now();
     let lock = fix_singleton_lock(&user.chrome_profile(), &h.hostname, user)?;
-    let pages = if h.clean {
-        clean(user).await?
-    } else {
-        Vec::new()
-    };
+    let pages = if h.clean { clean().await? } else { Vec::new() };
     Ok(BrowserReport {
         lock,
         clean: h.clean,
@@ -96,7 +92,7 @@ fn fix_singleton_lock(
 
 /// Clears the default context's cookies and storage, then moves every page
 /// to a fresh browser context. Returns the URLs reopened.
-async fn clean(_user: &User) -> Result<Vec<String>, DesktopError> {
+async fn clean() -> Result<Vec<String>, DesktopError> {
     let mut b = cdp::browser("127.0.0.1", CDP_PORT).await?;
     let targets = b.call("Target.getTargets", json!({})).await?;
     let pages: Vec<(String, String)> = targets["targetInfos"]
@@ -128,32 +124,53 @@ async fn clean(_user: &User) -> Result<Vec<String>, DesktopError> {
         .to_owned();
     let mut reopened = Vec::new();
     for (_, url) in &pages {
-        let created = b
-            .call(
-                "Target.createTarget",
-                json!({"url": url, "browserContextId": ctx, "newWindow": true}),
-            )
-            .await?;
-        // A new window opens at Chromium's default size; the desktop shows
-        // one maximized browser, as before the restore.
-        if let Some(id) = created["targetId"].as_str() {
-            let w = b
-                .call("Browser.getWindowForTarget", json!({"targetId": id}))
-                .await?;
-            b.call(
-                "Browser.setWindowBounds",
-                json!({"windowId": w["windowId"], "bounds": {"windowState": "maximized"}}),
-            )
-            .await?;
-        }
+        reopen(&mut b, &ctx, url).await?;
         reopened.push(url.clone());
     }
+    // Closed tabs linger in the target list for a moment; readiness must
+    // not find one, so wait for the browser to say each is gone.
+    b.call("Target.setDiscoverTargets", json!({"discover": true}))
+        .await?;
     for (id, _) in &pages {
         b.call("Target.closeTarget", json!({"targetId": id}))
             .await?;
     }
+    for (id, _) in &pages {
+        b.next_event("Target.targetDestroyed", |p| p["targetId"] == id.as_str())
+            .await?;
+    }
     b.close().await;
     Ok(reopened)
+}
+
+/// Opens `url` in a new maximized window of browser context `ctx` and
+/// returns once it has loaded (its own `Page.loadEventFired`). The tab starts
+/// on about:blank and navigates, so that the load awaited is the page's and
+/// not the blank document's.
+async fn reopen(b: &mut cdp::Connection, ctx: &str, url: &str) -> Result<(), DesktopError> {
+    let created = b
+        .call(
+            "Target.createTarget",
+            json!({
+                "url": "about:blank",
+                "browserContextId": ctx,
+                "newWindow": true,
+                // As the desktop showed its browser before the restore; asked
+                // for here, it spares a resize and repaint after.
+                "windowState": "maximized",
+            }),
+        )
+        .await?;
+    let id = created["targetId"]
+        .as_str()
+        .ok_or_else(|| DesktopError::Cdp("Target.createTarget returned no targetId".into()))?;
+    let mut page =
+        cdp::Connection::open(&format!("ws://127.0.0.1:{CDP_PORT}/devtools/page/{id}")).await?;
+    page.call("Page.enable", json!({})).await?;
+    page.call("Page.navigate", json!({"url": url})).await?;
+    page.next_event("Page.loadEventFired", |_| true).await?;
+    page.close().await;
+    Ok(())
 }
 
 /// `scheme://host[:port]` of an http(s) URL; other schemes (data:, about:,

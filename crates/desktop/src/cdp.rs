@@ -84,10 +84,16 @@ pub async fn browser(host: &str, port: u16) -> Result<Connection, DesktopError> 
     Connection::open(url).await
 }
 
+/// Events kept while waiting for a call's answer, for a later
+/// [`Connection::next_event`]; beyond this the oldest are dropped.
+const MAX_BUFFERED_EVENTS: usize = 1024;
+
 /// One WebSocket to a target.
 pub struct Connection {
     ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
     next_id: u64,
+    /// Events that arrived while a call waited for its answer.
+    events: std::collections::VecDeque<Value>,
 }
 
 impl Connection {
@@ -96,7 +102,11 @@ impl Connection {
             .await
             .map_err(|_| DesktopError::Cdp(format!("connect {url}: timed out")))?
             .map_err(|e| DesktopError::Cdp(format!("connect {url}: {e}")))?;
-        Ok(Connection { ws, next_id: 1 })
+        Ok(Connection {
+            ws,
+            next_id: 1,
+            events: Default::default(),
+        })
     }
 
     /// Sends `method` and returns its `result`, or the protocol's error.
@@ -116,6 +126,12 @@ impl Connection {
                     .map_err(|e| DesktopError::Cdp(format!("{method}: bad reply: {e}")))?;
                 if v["id"].as_u64() == Some(id) {
                     return Ok(v);
+                }
+                if v.get("method").is_some() {
+                    if self.events.len() == MAX_BUFFERED_EVENTS {
+                        self.events.pop_front();
+                    }
+                    self.events.push_back(v);
                 }
             }
             Err(DesktopError::Cdp(format!(
@@ -144,27 +160,40 @@ impl Connection {
         Ok(r["result"]["value"].clone())
     }
 
-    /// Waits for the next event `method` whose params pass `pick`. Events
-    /// that arrived during earlier calls were dropped, so the caller must
-    /// enable them (e.g. `Target.setDiscoverTargets`) right before.
+    /// Waits for the next event `method` whose params pass `pick`, looking
+    /// first at the events that arrived while earlier calls waited.
     pub async fn next_event(
         &mut self,
         method: &str,
         pick: impl Fn(&Value) -> bool,
     ) -> Result<Value, DesktopError> {
-        while let Some(frame) = self.ws.next().await {
-            let frame = frame.map_err(|e| DesktopError::Cdp(format!("wait for {method}: {e}")))?;
-            let Message::Text(text) = frame else { continue };
-            let Ok(v) = serde_json::from_str::<Value>(text.as_str()) else {
-                continue;
-            };
-            if v["method"] == method && pick(&v["params"]) {
-                return Ok(v["params"].clone());
-            }
+        if let Some(i) = self
+            .events
+            .iter()
+            .position(|v| v["method"] == method && pick(&v["params"]))
+        {
+            let v = self.events.remove(i).expect("index from position");
+            return Ok(v["params"].clone());
         }
-        Err(DesktopError::Cdp(format!(
-            "wait for {method}: the browser closed the connection"
-        )))
+        let wait = async {
+            while let Some(frame) = self.ws.next().await {
+                let frame =
+                    frame.map_err(|e| DesktopError::Cdp(format!("wait for {method}: {e}")))?;
+                let Message::Text(text) = frame else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(text.as_str()) else {
+                    continue;
+                };
+                if v["method"] == method && pick(&v["params"]) {
+                    return Ok(v["params"].clone());
+                }
+            }
+            Err(DesktopError::Cdp(format!(
+                "wait for {method}: the browser closed the connection"
+            )))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, wait)
+            .await
+            .map_err(|_| DesktopError::Cdp(format!("no {method} within {CALL_TIMEOUT:?}")))?
     }
 
     pub async fn close(mut self) {

@@ -30,36 +30,42 @@ pub struct Ready {
     pub ms: f64,
 }
 
-/// The title once the first tab has loaded. Resolves at once on a loaded
-/// page, so it is cheap after a restore.
-const TITLE_AFTER_LOAD: &str = "new Promise(r => document.readyState === 'complete' \
-    ? r(document.title) \
-    : addEventListener('load', () => r(document.title), {once: true}))";
+/// `[title, url]` once the first tab has loaded. Resolves at once on a
+/// loaded page, so it is cheap after a restore.
+const TITLE_AFTER_LOAD: &str = "new Promise(r => { \
+    const done = () => r([document.title, location.href]); \
+    document.readyState === 'complete' ? done() : addEventListener('load', done, {once: true}); })";
 
 /// Waits until the desktop is agent-ready, or `timeout` passes.
 pub async fn wait(timeout: Duration) -> Result<Ready, DesktopError> {
     let t0 = Instant::now();
     let deadline = t0 + timeout;
-    let page = first_page(deadline).await?;
-    let mut conn = Connection::open(&page.1).await?;
-    let title = tokio::time::timeout_at(deadline.into(), conn.evaluate(TITLE_AFTER_LOAD))
-        .await
-        .map_err(|_| timeout_err("the page's load event", timeout))??;
-    let url = conn.evaluate("location.href").await?;
-    conn.close().await;
-    let title = title.as_str().unwrap_or_default().to_owned();
-    if title.is_empty() {
-        return Err(DesktopError::Cdp(format!(
-            "the page {} has loaded without a title",
-            page.0
-        )));
-    }
-    let changed = tokio::task::spawn_blocking(move || screen_changed(deadline, timeout))
-        .await
-        .expect("screen check does not panic")?;
+    // The two halves are independent: the screen is checked while the page
+    // loads, and readiness is when both hold.
+    let screen = tokio::task::spawn_blocking(move || screen_changed(deadline, timeout));
+    let page = async {
+        let page = first_page(deadline).await?;
+        let mut conn = Connection::open(&page.1).await?;
+        let loaded = tokio::time::timeout_at(deadline.into(), conn.evaluate(TITLE_AFTER_LOAD))
+            .await
+            .map_err(|_| timeout_err("the page's load event", timeout))?;
+        conn.close().await;
+        let loaded = loaded?;
+        let title = loaded[0].as_str().unwrap_or_default().to_owned();
+        if title.is_empty() {
+            return Err(DesktopError::Cdp(format!(
+                "the page {} has loaded without a title",
+                page.0
+            )));
+        }
+        Ok((title, loaded[1].as_str().unwrap_or_default().to_owned()))
+    };
+    let (page, screen) = tokio::join!(page, screen);
+    let (title, url) = page?;
+    let changed = screen.expect("screen check does not panic")?;
     Ok(Ready {
         title,
-        url: url.as_str().unwrap_or_default().to_owned(),
+        url,
         changed,
         ms: t0.elapsed().as_secs_f64() * 1e3,
     })

@@ -116,6 +116,14 @@ impl Desktop {
                 // No infobar about --no-sandbox over the page: it would be
                 // in every screenshot an agent sees.
                 "--test-type",
+                // Fewer processes, each of which CRIU dumps and restores:
+                // no zygotes (they only exist to fork sandboxed children),
+                // the GPU process's software compositor in the browser, no
+                // crash handlers (nothing to report to), no spare renderer.
+                "--no-zygote",
+                "--in-process-gpu",
+                "--disable-crash-reporter",
+                "--disable-features=SpareRendererForSitePerProcess",
                 "--noerrdialogs",
                 &config.url,
             ],

@@ -24,20 +24,21 @@ use crate::ImageError;
 
 /// Bump when [`apply`] changes what it writes (the wrapper text is hashed
 /// on its own).
-const LAYER_REVISION: u32 = 1;
+const LAYER_REVISION: u32 = 2;
 
 /// The desktop user, as OSWorld's VMs have it.
 pub const DESKTOP_USER: &str = "user";
 pub const DESKTOP_UID: u32 = 1000;
 const DESKTOP_PASSWORD: &str = "password";
 
-/// Chromium's real binary in Debian, and the name it runs under. The kernel
-/// names a process after the file it executed, so a symlink called `chrome`
-/// gives the browser process the name "chrome" (a wrapper script alone would
-/// leave it "chromium"). Chromium finds its resources through
-/// `/proc/self/exe`, which resolves the link.
+/// Chromium's real binary in Debian, and a hard link to it named `chrome`.
+/// The kernel names a process after the file it executed, and Chromium
+/// re-executes itself through `/proc/self/exe`, which resolves symlinks but
+/// keeps a hard link's own name: so only a hard link makes the browser and
+/// its children "chrome" (a wrapper or a symlink leaves them "chromium").
+/// In the same directory, Chromium finds its resources next to it.
 const CHROMIUM: &str = "/usr/lib/chromium/chromium";
-const CHROME_LINK: &str = "opt/google/chrome/chrome";
+const CHROME_LINK: &str = "usr/lib/chromium/chrome";
 
 /// `/usr/bin/google-chrome`. Flags, and why each is always on:
 /// - `--no-sandbox`: Chromium's sandbox nests user and PID namespaces, which
@@ -55,7 +56,7 @@ const CHROME_LINK: &str = "opt/google/chrome/chrome";
 ///   "$@" and wins.
 pub const GOOGLE_CHROME: &str = r#"#!/bin/sh
 # drums: Debian's Chromium as google-chrome (see crates/image/src/desktop.rs).
-exec /opt/google/chrome/chrome \
+exec /usr/lib/chromium/chrome \
   --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \
   --password-store=basic --disable-background-networking \
   --disable-component-update --disable-sync --disable-breakpad \
@@ -109,10 +110,9 @@ pub fn apply(rootfs: &Path, pip: &[String], log: &Path) -> Result<(), ImageError
     )?;
 
     let link = rootfs.join(CHROME_LINK);
-    let dir = link.parent().expect("link has a parent");
-    fs::create_dir_all(dir).ctx("create directory", dir)?;
     if fs::symlink_metadata(&link).is_err() {
-        std::os::unix::fs::symlink(CHROMIUM, &link).ctx("create symlink", &link)?;
+        let target = rootfs.join(CHROMIUM.trim_start_matches('/'));
+        fs::hard_link(&target, &link).ctx("hard-link chrome to", &target)?;
     }
     replace_file(
         &rootfs.join("usr/bin/google-chrome"),

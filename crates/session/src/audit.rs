@@ -340,6 +340,10 @@ impl Manager {
             "process ids inside the session's PID namespace".to_owned(),
             "in-memory state that is not a registered RNG (caches, tokens, counters)".to_owned(),
         ];
+        let mut identical_by_design = identical_by_design;
+        if ra.profile == "desktop" || rb.profile == "desktop" {
+            identical_by_design.push(self.browser_by_design(&ra, &rb));
+        }
         let passed = isolation.iter().all(|c| c.ok) && clone.iter().all(|c| c.ok);
         Ok(AuditReport {
             a: ra.id,
@@ -349,6 +353,32 @@ impl Manager {
             clone,
             identical_by_design,
         })
+    }
+}
+
+impl Manager {
+    /// What the browsers of two desktops share by design, which depends on
+    /// whether they were restored from a checkpoint taken with `--clean`.
+    fn browser_by_design(
+        &self,
+        a: &drums_catalog::SessionRecord,
+        b: &drums_catalog::SessionRecord,
+    ) -> String {
+        let clean = |r: &drums_catalog::SessionRecord| {
+            r.origin
+                .as_deref()
+                .and_then(|o| self.manifest(o).ok())
+                .is_some_and(|(_, m)| m.clean)
+        };
+        if clean(a) && clean(b) {
+            "Chromium's profile on disk (history, bookmarks, preferences): a clean checkpoint \
+             resets cookies, site storage and renderers, not the profile"
+                .to_owned()
+        } else {
+            "the browser's state: tabs, cookies, site storage and each renderer's \
+             Math.random sequence (not restored from a checkpoint taken with --clean)"
+                .to_owned()
+        }
     }
 }
 

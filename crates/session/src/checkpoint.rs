@@ -20,6 +20,11 @@ use crate::{io, teardown, SessionError};
 /// to CRIU: it comes from the host and is re-bound on restore, never dumped.
 pub const BIN_MOUNT: (&str, &str) = (drums_init::BIN_DIR, "drums-bin");
 
+/// How often a dump is tried when a netlink socket had unread messages.
+const DUMP_ATTEMPTS: u32 = 3;
+/// CRIU's error for that case (criu/sk-netlink.c).
+const NETLINK_BUSY: &str = "The socket has data to read";
+
 impl Manager {
     pub(crate) fn checkpoint_dir(&self, id: &str) -> PathBuf {
         self.cfg.state_dir.join("checkpoints").join(id)
@@ -123,24 +128,49 @@ impl Manager {
             network_lock: network_lock(&rec.network),
             tcp_established: false,
         };
-        let criu = self.criu.clone();
         let started = Instant::now();
-        let report = tokio::task::spawn_blocking(move || {
-            criu.dump(&opts, &mut |script, _pid| {
-                // The tree stays frozen until this returns: the one moment
-                // files and processes agree.
-                if script == drums_criu::script::POST_DUMP {
-                    if let Some(f) = &snapshot_fault {
-                        return Err(f.clone());
+        let mut attempt = 1;
+        let report = loop {
+            let (criu, opts) = (self.criu.clone(), opts.clone());
+            let (upper, target, snapshot_fault) =
+                (upper.clone(), snap.clone(), snapshot_fault.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                criu.dump(&opts, &mut |script, _pid| {
+                    // The tree stays frozen until this returns: the one moment
+                    // files and processes agree.
+                    if script == drums_criu::script::POST_DUMP {
+                        if let Some(f) = &snapshot_fault {
+                            return Err(f.clone());
+                        }
+                        drums_store::snapshot(&upper, &target, true)
+                            .map_err(|e| crate::error_chain(&e))?;
                     }
-                    drums_store::snapshot(&upper, &snap, true)
-                        .map_err(|e| crate::error_chain(&e))?;
-                }
-                Ok(())
+                    Ok(())
+                })
             })
-        })
-        .await
-        .expect("dump task does not panic")?;
+            .await
+            .expect("dump task does not panic");
+            match result {
+                // CRIU cannot dump a netlink socket with unread messages. A
+                // browser's route-monitoring socket gets one whenever the
+                // session's network changes (an IPv6 address finishing its
+                // duplicate check, a second or two after a start or restore);
+                // the failed dump thawed the tree, the browser reads it, and
+                // the next attempt finds the queue empty.
+                Err(e)
+                    if attempt < DUMP_ATTEMPTS
+                        && crate::error_chain(&e).contains(NETLINK_BUSY)
+                        && !snap.exists() =>
+                {
+                    warn!("checkpoint {}: {NETLINK_BUSY}; dumping again", ck.id);
+                    attempt += 1;
+                    std::fs::remove_dir_all(&images).map_err(io("clear", &images))?;
+                    std::fs::create_dir_all(&images).map_err(io("create", &images))?;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => break other?,
+            }
+        };
         let frozen_ms = report
             .frozen_at_most
             .map(|d| d.as_secs_f64() * 1e3)
