@@ -263,6 +263,29 @@ fn session_pss_mib(init_pid: i32) -> f64 {
     kib / 1024.0
 }
 
+/// Whether the host runs KSM (`drumsd --ksm` turns it on).
+pub(crate) fn ksm_on() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/ksm/run").is_ok_and(|v| v.trim() == "1")
+}
+
+/// With KSM on, waits (at most a minute) until ksmd has made two more full
+/// passes over the marked memory, so the sessions' PSS shows the merging.
+async fn ksm_settle() {
+    let scans = || {
+        std::fs::read_to_string("/sys/kernel/mm/ksm/full_scans")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let Some(start) = scans().filter(|_| ksm_on()) else {
+        return;
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while Instant::now() < deadline && scans().unwrap_or(start) < start + 2 {
+        // sysfs offers no notification for a finished scan.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 /// Memory per added session: host slope over `steps`, the mean cgroup
 /// charge, and the mean PSS of the sessions at the last step.
 async fn memory_slope(
@@ -283,6 +306,7 @@ async fn memory_slope(
         tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
         points.push((target as f64, host_used_median().await));
     }
+    ksm_settle().await;
     let pss = live
         .iter()
         .filter_map(|s| s.init_pid)

@@ -78,6 +78,11 @@ pub struct DaemonArgs {
     /// Test-only: serve POST /v1/debug/faults.
     #[arg(long)]
     pub enable_fault_injection: bool,
+    /// Turn on KSM (host-wide) while drumsd runs, so identical pages of
+    /// sessions, above all restored siblings, are stored once; the previous
+    /// settings come back when drumsd stops. See docs/desktop.md.
+    #[arg(long)]
+    pub ksm: bool,
 }
 
 impl DaemonArgs {

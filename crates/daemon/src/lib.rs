@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+pub mod ksm;
 pub mod lock;
 pub mod server;
 
@@ -44,6 +45,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // Bound only once the sweep is done: a client that can connect finds a
     // daemon that is ready, with nothing of a previous one left.
     let listener = bind(&socket)?;
+    let ksm = args.ksm.then(ksm::Ksm::enable);
     info!(socket = %socket.display(), state = %cfg.state_dir.display(), "drumsd ready");
 
     let app = server::router(manager.clone());
@@ -53,6 +55,9 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {
         warn!("shutdown: {}", drums_session::error_chain(&e));
+    }
+    if let Some(k) = ksm {
+        k.restore();
     }
     served
 }

@@ -54,6 +54,9 @@ fn read_line() -> Result<Option<String>, std::io::Error> {
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
+/// `prctl` option (Linux 6.4): mark the whole address space KSM-mergeable.
+const PR_SET_MEMORY_MERGE: libc::c_int = 67;
+
 /// Stage 0, on the host: join cgroups, unshare, fork PID 1, report its pid.
 pub fn stage0() -> ! {
     let cfg = match read_line().map_err(InitError::ReadConfig).and_then(|l| {
@@ -83,6 +86,15 @@ fn run_stage0(cfg: &InitConfig) -> Result<ForkResult, InitError> {
     for procs in &cfg.cgroup_procs {
         std::fs::write(procs, &me).map_err(io("join cgroup", procs))?;
     }
+    // Inherited by every process of the session, across fork and exec: its
+    // anonymous memory may be merged by KSM with identical pages of other
+    // sessions, when the host runs KSM (`drumsd --ksm`). CRIU keeps each
+    // mapping's mergeable flag, so restored siblings' memory stays mergeable.
+    // A kernel without it (EINVAL) only loses the sharing, so the result is
+    // not checked.
+    // SAFETY: prctl with integer arguments only; it changes this process's
+    // memory-management flags and nothing else.
+    unsafe { libc::prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) };
     cfg.check_fault("init.unshare")?;
     LinuxSyscall.unshare(
         CloneFlags::CLONE_NEWNS

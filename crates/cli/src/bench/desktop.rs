@@ -196,6 +196,7 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
             "mem.cold.pss_mib": cold_pss,
             "mem.restore.pss_mib": warm_pss,
             "mem.pss_ratio": warm_pss / cold_pss,
+            "ksm": super::ksm_on(),
             "mem.restore.cgroup_mib": warm_cg,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
@@ -295,7 +296,10 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
             "mean of 4".into(),
         ),
     ];
-    println!("drums bench restore --profile desktop -n {n}");
+    println!(
+        "drums bench restore --profile desktop -n {n} (KSM {})",
+        if super::ksm_on() { "on" } else { "off" }
+    );
     print!(
         "{}",
         table::render(&["metric", "p50", "p95", "note"], &rows)
