@@ -216,9 +216,12 @@ fn drive_with_osworld_client(ip: &str) {
 }
 
 /// A virtualenv with desktop-env 1.0.2 and nothing heavy: `--no-deps`, plus
-/// only what its controllers import at module level (requests and its own
-/// small dependencies). Cached under target/ between runs.
+/// only what its controllers, `desktop_env.py` and the vmware provider import
+/// at module level (requests and a few small packages; gymnasium brings
+/// numpy). Built once per target directory; tests share it, one at a time.
 fn osworld_venv() -> std::path::PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("osworld-venv-1.0.2");
     let python = venv.join("bin/python");
     let ok = |cmd: &mut Command| {
@@ -230,33 +233,126 @@ fn osworld_venv() -> std::path::PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    if !venv.join(".drums-ready").exists() {
+    let marker = venv.join(".drums-ready-2");
+    if !marker.exists() {
         let _ = std::fs::remove_dir_all(&venv);
         ok(Command::new("/usr/bin/python3")
             .args(["-m", "venv"])
             .arg(&venv));
-        ok(Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "desktop-env==1.0.2",
-        ]));
-        ok(Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
+        let pip = |args: &[&str]| {
+            let mut c = Command::new(&python);
+            c.args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .args(args);
+            c
+        };
+        ok(&mut pip(&["--no-deps", "desktop-env==1.0.2"]));
+        ok(&mut pip(&[
             "requests",
             "requests-toolbelt",
             "python-dotenv",
+            "gymnasium",
+            "psutil",
+            "filelock",
+            "tqdm",
         ]));
-        std::fs::write(venv.join(".drums-ready"), "").unwrap();
+        std::fs::write(&marker, "").unwrap();
     }
     venv
+}
+
+/// OSWorld's own `DesktopEnv(provider_name="vmware")`, with `vmrun` on its
+/// PATH being drums-vmrun: its reset after use reverts the snapshot, which
+/// is a drums restore (a new sibling: new machine-id, the set-up step's file
+/// gone), and its close stops the session.
+#[test]
+fn osworld_desktop_env_resets_by_a_drums_restore() {
+    require_desktop_image();
+    let mut d = TestDaemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let vmx = dir.path().join("osworld.vmx");
+    std::fs::write(
+        &vmx,
+        "drums.version = \"1\"\ndisplayName = \"osworld-env\"\ndrums.profile = \"desktop\"\n",
+    )
+    .unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let vmrun = common::bin_dir().join("drums-vmrun");
+    assert!(vmrun.exists(), "{} missing", vmrun.display());
+    std::os::unix::fs::symlink(&vmrun, bin.join("vmrun")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let with_env = |c: &mut Command| {
+        c.env("PATH", &path)
+            .env("DRUMS_STATE_DIR", d.state.path())
+            .env("DRUMS_SOCKET", d.client.socket())
+            .env("DRUMS_NO_AUTOSTART", "true")
+            .env("DRUMS_VMRUN_REGISTRY", dir.path().join("registry.json"))
+            .current_dir(dir.path());
+    };
+    // What an OSWorld user does once: start the VM and take its snapshot.
+    let vmx_arg = vmx.to_str().unwrap();
+    for args in [
+        vec!["-T", "ws", "start", vmx_arg, "nogui"],
+        vec!["-T", "ws", "snapshot", vmx_arg, "init_state"],
+    ] {
+        let mut c = Command::new("vmrun");
+        with_env(&mut c);
+        let o = c.args(&args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "vmrun {args:?}: {}{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            d.log()
+        );
+    }
+
+    let venv = osworld_venv();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/osworld/drive_desktop_env.py");
+    let mut c = Command::new(venv.join("bin/python"));
+    with_env(&mut c);
+    let o = c.arg(script).arg(&vmx).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "drive_desktop_env.py failed\nstdout:\n{stdout}\nstderr:\n{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("drive_desktop_env.py printed {stdout:?}: {e}"));
+    assert_eq!(v["screenshot_png"], true, "{v}");
+    assert_eq!(v["file_after_setup"], "draft", "{v}");
+    assert_eq!(v["file_after_revert"], "absent", "{v}");
+    assert_ne!(
+        v["machine_id_1"], v["machine_id_2"],
+        "the revert made no new sibling: {v}"
+    );
+    assert_eq!(v["hostname"], "osworld-env", "{v}");
+
+    run(async {
+        // DesktopEnv.close() stopped the VM; the snapshot stays until removed.
+        d.assert_no_session_left("DesktopEnv.close").await;
+        let l: drums_api::CheckpointList = d
+            .client
+            .json(Method::GET, "/v1/checkpoints", None::<&()>)
+            .await
+            .unwrap();
+        assert_eq!(l.checkpoints.len(), 1, "{l:?}");
+        d.client
+            .call(
+                Method::DELETE,
+                &format!("/v1/checkpoints/{}", l.checkpoints[0].id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+    });
+    d.stop_and_check_leaks();
 }
 
 /// A failure at the desktop's own steps (its start, and the browser's

@@ -209,3 +209,52 @@ pub fn router(cfg: Arc<OsworldConfig>) -> Router {
 async fn platform() -> axum::response::Response {
     reply::text(axum::http::StatusCode::OK, "Linux")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Method, Request, StatusCode};
+    use tower::ServiceExt;
+
+    /// ROUTES (what the docs and callers rely on) and the router agree: each
+    /// listed path exists (asked with the other method it answers 405, not
+    /// the fallback's 404), and an unlisted one does not.
+    #[tokio::test]
+    async fn routes_match_the_router() {
+        let user = UserSpec {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+            home: "/nonexistent".into(),
+            shell: "/bin/sh".into(),
+            groups: vec![65534],
+        };
+        let app = router(Arc::new(OsworldConfig::new(":99", user)));
+        let status = |method: Method, path: &str| {
+            let app = app.clone();
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Body::empty())
+                .unwrap();
+            async move { app.oneshot(req).await.unwrap().status() }
+        };
+        for (method, path) in ROUTES {
+            let other = if *method == "GET" {
+                Method::DELETE
+            } else {
+                Method::GET
+            };
+            assert_eq!(
+                status(other, path).await,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path} is listed but not routed"
+            );
+        }
+        assert_eq!(
+            status(Method::GET, "/no_such_route").await,
+            StatusCode::NOT_FOUND
+        );
+    }
+}
