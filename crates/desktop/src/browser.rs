@@ -107,26 +107,39 @@ async fn clean() -> Result<Vec<String>, DesktopError> {
             )
         })
         .collect();
-    b.call("Storage.clearCookies", json!({})).await?;
-    for (_, url) in &pages {
-        if let Some(origin) = web_origin(url) {
-            b.call(
+    // The default context's cookies and storage are cleared on a second
+    // connection while the pages move: the two do not touch each other, and
+    // the first clearing after a restore takes tens of milliseconds.
+    let origins: Vec<String> = pages.iter().filter_map(|(_, u)| web_origin(u)).collect();
+    let clear = async {
+        let mut c = cdp::browser("127.0.0.1", CDP_PORT).await?;
+        c.call("Storage.clearCookies", json!({})).await?;
+        for origin in &origins {
+            c.call(
                 "Storage.clearDataForOrigin",
                 json!({"origin": origin, "storageTypes": "all"}),
             )
             .await?;
         }
-    }
-    let ctx = b.call("Target.createBrowserContext", json!({})).await?;
-    let ctx = ctx["browserContextId"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let mut reopened = Vec::new();
-    for (_, url) in &pages {
-        reopen(&mut b, &ctx, url).await?;
-        reopened.push(url.clone());
-    }
+        c.close().await;
+        Ok::<(), DesktopError>(())
+    };
+    let reopen_all = async {
+        let ctx = b.call("Target.createBrowserContext", json!({})).await?;
+        let ctx = ctx["browserContextId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut reopened = Vec::new();
+        for (_, url) in &pages {
+            reopen(&mut b, &ctx, url).await?;
+            reopened.push(url.clone());
+        }
+        Ok::<Vec<String>, DesktopError>(reopened)
+    };
+    let (cleared, reopened) = tokio::join!(clear, reopen_all);
+    cleared?;
+    let reopened = reopened?;
     // Closed tabs linger in the target list for a moment; readiness must
     // not find one, so wait for the browser to say each is gone.
     b.call("Target.setDiscoverTargets", json!({"discover": true}))

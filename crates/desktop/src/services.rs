@@ -117,9 +117,11 @@ impl Desktop {
                 // in every screenshot an agent sees.
                 "--test-type",
                 // Fewer processes, each of which CRIU dumps and restores:
-                // no zygotes (they only exist to fork sandboxed children),
-                // the GPU process's software compositor in the browser, no
-                // crash handlers (nothing to report to), no spare renderer.
+                // no zygotes (they exist to fork sandboxed children, and their
+                // sockets hold fds in flight, "Control messages in queue",
+                // which CRIU cannot dump), the GPU process's software
+                // compositor in the browser, no crash handlers (nothing to
+                // report to), no spare renderer.
                 "--no-zygote",
                 "--in-process-gpu",
                 "--disable-crash-reporter",
