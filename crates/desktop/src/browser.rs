@@ -157,15 +157,17 @@ async fn clean() -> Result<Vec<String>, DesktopError> {
 }
 
 /// Opens `url` in a new maximized window of browser context `ctx` and
-/// returns once it has loaded (its own `Page.loadEventFired`). The tab starts
-/// on about:blank and navigates, so that the load awaited is the page's and
-/// not the blank document's.
+/// returns once it has loaded. Chromium creates the window and loads the
+/// page at the same time; the load is then either already done (the
+/// document is complete and no longer the tab's initial about:blank) or
+/// reported by `Page.loadEventFired`, which `Page.enable` guarantees from
+/// then on.
 async fn reopen(b: &mut cdp::Connection, ctx: &str, url: &str) -> Result<(), DesktopError> {
     let created = b
         .call(
             "Target.createTarget",
             json!({
-                "url": "about:blank",
+                "url": url,
                 "browserContextId": ctx,
                 "newWindow": true,
                 // As the desktop showed its browser before the restore; asked
@@ -180,8 +182,16 @@ async fn reopen(b: &mut cdp::Connection, ctx: &str, url: &str) -> Result<(), Des
     let mut page =
         cdp::Connection::open(&format!("ws://127.0.0.1:{CDP_PORT}/devtools/page/{id}")).await?;
     page.call("Page.enable", json!({})).await?;
-    page.call("Page.navigate", json!({"url": url})).await?;
-    page.next_event("Page.loadEventFired", |_| true).await?;
+    // An evaluation racing the navigation's commit fails ("context
+    // destroyed"): the load is still to come, so it counts as not loaded.
+    let loaded = url == "about:blank"
+        || page
+            .evaluate("document.readyState === 'complete' && location.href !== 'about:blank'")
+            .await
+            .is_ok_and(|v| v == true);
+    if !loaded {
+        page.next_event("Page.loadEventFired", |_| true).await?;
+    }
     page.close().await;
     Ok(())
 }

@@ -46,7 +46,7 @@ pub async fn wait(timeout: Duration) -> Result<Ready, DesktopError> {
     let page = async {
         let page = first_page(deadline).await?;
         let mut conn = Connection::open(&page.1).await?;
-        let loaded = tokio::time::timeout_at(deadline.into(), conn.evaluate(TITLE_AFTER_LOAD))
+        let loaded = tokio::time::timeout_at(deadline.into(), loaded(&mut conn))
             .await
             .map_err(|_| timeout_err("the page's load event", timeout))?;
         conn.close().await;
@@ -69,6 +69,23 @@ pub async fn wait(timeout: Duration) -> Result<Ready, DesktopError> {
         changed,
         ms: t0.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// `[title, url]` of the tab once its page has loaded. A new tab shows an
+/// initial about:blank document (complete, untitled) until its first
+/// navigation commits, and an evaluation racing that commit fails: both
+/// mean the page's own load is still to come, and `Page.enable` makes the
+/// browser report it.
+async fn loaded(conn: &mut Connection) -> Result<serde_json::Value, DesktopError> {
+    conn.call("Page.enable", json!({})).await?;
+    loop {
+        match conn.evaluate(TITLE_AFTER_LOAD).await {
+            Ok(v) if v[1] != "about:blank" => return Ok(v),
+            _ => {
+                conn.next_event("Page.loadEventFired", |_| true).await?;
+            }
+        }
+    }
 }
 
 fn timeout_err(what: &str, timeout: Duration) -> DesktopError {
