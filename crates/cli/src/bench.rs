@@ -190,6 +190,46 @@ async fn restore_n(c: &Client, ck: &str, count: usize) -> Result<(Vec<Session>, 
     Ok((r.sessions, t.elapsed().as_secs_f64()))
 }
 
+/// Dump time: `n` checkpoints of `src` in a row, all but the last removed.
+/// Returns (seconds, frozen seconds) of each, and the last checkpoint, whose
+/// dump stops `src` unless `keep_running`.
+async fn checkpoints(
+    c: &Client,
+    src: &Session,
+    n: usize,
+    clean: bool,
+    keep_running: bool,
+) -> Result<(Vec<(f64, f64)>, drums_api::Checkpoint), Failure> {
+    let mut dumps = Vec::new();
+    for i in 0..n {
+        let last = i + 1 == n;
+        let t = Instant::now();
+        let req = drums_api::CreateCheckpoint {
+            session: src.id.clone(),
+            name: None,
+            clean,
+            leave_running: keep_running || !last,
+        };
+        let k: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+        dumps.push((t.elapsed().as_secs_f64(), k.frozen_ms / 1e3));
+        if last {
+            return Ok((dumps, k));
+        }
+        delete_checkpoint(c, &k.id).await?;
+    }
+    Err(Failure::usage("a bench takes at least one checkpoint"))
+}
+
+async fn delete_checkpoint(c: &Client, id: &str) -> Result<(), Failure> {
+    c.call(
+        Method::DELETE,
+        &format!("/v1/checkpoints/{}", enc(id)),
+        None::<&()>,
+    )
+    .await?;
+    Ok(())
+}
+
 async fn sh(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
     let req = drums_api::ExecRequest {
         argv: vec!["sh".into(), "-c".into(), script.into()],
@@ -349,30 +389,8 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     let (src, _) = create(c, profile).await?;
     sh(c, &src, WORKLOAD).await?;
     wait_port(src.ip.as_deref().unwrap_or_default(), 8000).await?;
-    // Dump time: a few checkpoints of the warm session, all but the last removed.
-    let mut dumps = Vec::new();
-    let mut ck = None;
-    for i in 0..5 {
-        let t = Instant::now();
-        let req = drums_api::CreateCheckpoint {
-            session: src.id.clone(),
-            name: None,
-            clean: false,
-            leave_running: true,
-        };
-        let k: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
-        dumps.push((t.elapsed().as_secs_f64(), k.frozen_ms / 1e3));
-        if i < 4 {
-            c.call(
-                Method::DELETE,
-                &format!("/v1/checkpoints/{}", enc(&k.id)),
-                None::<&()>,
-            )
-            .await?;
-        }
-        ck = Some(k);
-    }
-    let ck = ck.expect("five checkpoints");
+    // Dump time: a few checkpoints of the warm session, the last one kept.
+    let (dumps, ck) = checkpoints(c, &src, 5, false, true).await?;
     remove(c, &src).await?;
     // Warm-up of both arms.
     let (s, _) = create(c, profile).await?;
@@ -421,12 +439,7 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     let (cold_slope, cold_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
     say("memory: restored siblings".into());
     let (warm_slope, warm_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
-    c.call(
-        Method::DELETE,
-        &format!("/v1/checkpoints/{}", enc(&ck.id)),
-        None::<&()>,
-    )
-    .await?;
+    delete_checkpoint(c, &ck.id).await?;
 
     let sort = |v: &mut Vec<f64>| v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     sort(&mut cold);

@@ -4,9 +4,7 @@
 mod common;
 
 use common::{assert_schema, TestDaemon};
-use drums_api::{
-    Checkpoint, CreateCheckpoint, CreateSession, RestoreRequest, RestoreResult, Session,
-};
+use drums_api::{Checkpoint, CreateCheckpoint, CreateSession, Session};
 use hyper::Method;
 
 fn run<F: std::future::Future>(f: F) -> F::Output {
@@ -52,33 +50,6 @@ fn http_get(ip: &str) -> Option<String> {
     None
 }
 
-async fn checkpoint(d: &TestDaemon, session: &str, leave_running: bool) -> Checkpoint {
-    let req = CreateCheckpoint {
-        session: session.into(),
-        name: None,
-        clean: false,
-        leave_running,
-    };
-    d.client
-        .json(Method::POST, "/v1/checkpoints", Some(&req))
-        .await
-        .unwrap_or_else(|e| panic!("checkpoint: {e}\n{}", d.log()))
-}
-
-async fn restore(
-    d: &TestDaemon,
-    ck: &str,
-    count: usize,
-) -> Result<RestoreResult, drums_api::ClientError> {
-    d.client
-        .json(
-            Method::POST,
-            &format!("/v1/checkpoints/{ck}/restore"),
-            Some(&RestoreRequest { count, name: None }),
-        )
-        .await
-}
-
 fn start_server(d: &TestDaemon, s: &Session) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("server.py");
@@ -107,10 +78,11 @@ fn three_siblings_serve_and_are_not_clones() {
     run(async {
         let src = d.create(&CreateSession::default()).await.unwrap();
         start_server(&d, &src);
-        let ck = checkpoint(&d, &src.id, true).await;
+        let ck = d.checkpoint(&src.id, false, true).await;
         assert_schema("Checkpoint", &serde_json::to_value(&ck).unwrap());
         assert!(ck.images_bytes > 0);
-        let r = restore(&d, &ck.id, 3)
+        let r = d
+            .restore(&ck.id, 3)
             .await
             .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()));
         assert_schema("RestoreResult", &serde_json::to_value(&r).unwrap());
@@ -204,7 +176,7 @@ fn checkpoint_survives_a_daemon_restart() {
             .await
             .unwrap();
         assert_eq!(d.sh(&s.id, "echo kept > /root/state").0, 0);
-        let ck = checkpoint(&d, &s.id, false).await;
+        let ck = d.checkpoint(&s.id, false, false).await;
         let l: drums_api::SessionList = d
             .client
             .json(Method::GET, "/v1/sessions", None::<&()>)
@@ -228,7 +200,8 @@ fn checkpoint_survives_a_daemon_restart() {
                 .collect::<Vec<_>>(),
             vec![ck.id.clone()]
         );
-        let r = restore(&d, &ck.id, 1)
+        let r = d
+            .restore(&ck.id, 1)
             .await
             .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()));
         let s = &r.sessions[0];
@@ -245,10 +218,10 @@ fn failure_at_every_restore_step_leaves_nothing() {
     let mut d = TestDaemon::start();
     run(async {
         let src = d.create(&CreateSession::default()).await.unwrap();
-        let ck = checkpoint(&d, &src.id, false).await;
+        let ck = d.checkpoint(&src.id, false, false).await;
         for point in drums_session::faults::RESTORE_POINTS {
             d.arm(Some(point)).await;
-            let e = restore(&d, &ck.id, 2).await.expect_err(point);
+            let e = d.restore(&ck.id, 2).await.expect_err(point);
             assert!(
                 e.to_string()
                     .contains(&format!("injected fault at {point}")),
@@ -262,7 +235,8 @@ fn failure_at_every_restore_step_leaves_nothing() {
                 "{point}: a sibling root is still mounted"
             );
         }
-        let r = restore(&d, &ck.id, 1)
+        let r = d
+            .restore(&ck.id, 1)
             .await
             .unwrap_or_else(|e| panic!("restore after the faults: {e}\n{}", d.log()));
         assert_eq!(d.sh(&r.sessions[0].id, "true").0, 0);
@@ -292,7 +266,7 @@ fn failure_at_every_restore_step_leaves_nothing() {
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
         std::fs::write(&pages, &bytes).unwrap();
-        let e = restore(&d, &ck.id, 1).await.unwrap_err();
+        let e = d.restore(&ck.id, 1).await.unwrap_err();
         assert!(e.to_string().contains("checksum mismatch"), "{e}");
         let len = std::fs::metadata(&pages).unwrap().len();
         std::fs::OpenOptions::new()
@@ -301,7 +275,7 @@ fn failure_at_every_restore_step_leaves_nothing() {
             .unwrap()
             .set_len(len / 2)
             .unwrap();
-        let e = restore(&d, &ck.id, 1).await.unwrap_err();
+        let e = d.restore(&ck.id, 1).await.unwrap_err();
         assert!(e.to_string().contains("is damaged"), "{e}");
         assert!(d.processes().is_empty());
     });
@@ -332,7 +306,7 @@ fn export_import_round_trips_and_refuses_another_host() {
             .0,
             0
         );
-        checkpoint(&d, &s.id, false).await
+        d.checkpoint(&s.id, false, false).await
     });
     let ok = |o: std::process::Output| {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

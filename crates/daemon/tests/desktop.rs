@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::TestDaemon;
-use drums_api::{Checkpoint, CreateCheckpoint, CreateSession, RestoreRequest, RestoreResult};
+use drums_api::CreateSession;
 use hyper::Method;
 
 fn run<F: std::future::Future>(f: F) -> F::Output {
@@ -37,33 +37,6 @@ fn desktop() -> CreateSession {
         profile: Some("desktop".into()),
         ..Default::default()
     }
-}
-
-async fn checkpoint(d: &TestDaemon, session: &str, clean: bool) -> Checkpoint {
-    let req = CreateCheckpoint {
-        session: session.into(),
-        name: None,
-        clean,
-        leave_running: false,
-    };
-    d.client
-        .json(Method::POST, "/v1/checkpoints", Some(&req))
-        .await
-        .unwrap_or_else(|e| panic!("checkpoint: {e}\n{}", d.log()))
-}
-
-async fn restore(
-    d: &TestDaemon,
-    ck: &str,
-    count: usize,
-) -> Result<RestoreResult, drums_api::ClientError> {
-    d.client
-        .json(
-            Method::POST,
-            &format!("/v1/checkpoints/{ck}/restore"),
-            Some(&RestoreRequest { count, name: None }),
-        )
-        .await
 }
 
 /// `GET http://{ip}:5000{path}`: OSWorld's port, from the host.
@@ -120,10 +93,11 @@ fn clean_desktop_siblings_are_ready_and_not_clones() {
         let (status, png) = osworld_get(src.ip.as_deref().unwrap(), "/screenshot");
         assert_eq!(status, 200);
         assert_eq!(png_size(&png), (1280, 800));
-        let ck = checkpoint(&d, &src.id, true).await;
+        let ck = d.checkpoint(&src.id, true, false).await;
         assert!(ck.clean);
 
-        let r = restore(&d, &ck.id, 3)
+        let r = d
+            .restore(&ck.id, 3)
             .await
             .unwrap_or_else(|e| panic!("restore 3 desktops: {e}\n{}", d.log()));
         assert_eq!(r.sessions.len(), 3);
@@ -373,9 +347,9 @@ fn desktop_failures_leave_nothing() {
         d.assert_no_session_left("create.desktop").await;
 
         let src = d.create(&desktop()).await.unwrap();
-        let ck = checkpoint(&d, &src.id, false).await;
+        let ck = d.checkpoint(&src.id, false, false).await;
         d.arm(Some("restore.desktop")).await;
-        let e = restore(&d, &ck.id, 2).await.expect_err("restore.desktop");
+        let e = d.restore(&ck.id, 2).await.expect_err("restore.desktop");
         assert!(
             e.to_string().contains("injected fault at restore.desktop"),
             "{e}"
@@ -384,7 +358,8 @@ fn desktop_failures_leave_nothing() {
         d.assert_no_session_left("restore.desktop").await;
 
         // Not clean: the browser is kept exactly as checkpointed, by design.
-        let r = restore(&d, &ck.id, 2)
+        let r = d
+            .restore(&ck.id, 2)
             .await
             .unwrap_or_else(|e| panic!("restore after the fault: {e}\n{}", d.log()));
         let a = math_random(r.sessions[0].ip.as_deref().unwrap()).await;

@@ -193,7 +193,7 @@ fn prepare_dirs(config: &DesktopConfig, log_dir: &Path) -> Result<(), DesktopErr
 }
 
 fn log_file(log_dir: &Path, service: &str) -> Result<std::fs::File, DesktopError> {
-    let path = log_dir.join(format!("{service}.log"));
+    let path = log_path(log_dir, service);
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -319,13 +319,7 @@ async fn wait_notified(
 async fn wait_devtools(mut chrome: Child, log_dir: &Path) -> Result<(), DesktopError> {
     let stderr = chrome.stderr.take().expect("stderr is piped");
     let mut lines = BufReader::new(stderr).lines();
-    let log_path = log_dir.join("google-chrome.log");
-    let mut log = tokio::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&log_path)
-        .await
-        .map_err(DesktopError::io(format!("open {}", log_path.display())))?;
+    let mut log = tokio::fs::File::from_std(log_file(log_dir, "google-chrome")?);
     let found = tokio::time::timeout(START_TIMEOUT, async {
         use tokio::io::AsyncWriteExt;
         while let Ok(Some(line)) = lines.next_line().await {

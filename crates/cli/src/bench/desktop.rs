@@ -10,8 +10,9 @@ use drums_api::{Client, Session};
 use hyper::Method;
 use serde_json::json;
 
-use super::{create, memory_slope, percentile, remove, restore_n, Arm};
-use crate::commands::enc;
+use super::{
+    checkpoints, create, delete_checkpoint, memory_slope, percentile, remove, restore_n, Arm,
+};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -73,29 +74,7 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
     let (src, _) = create(c, "desktop").await?;
     // Dump time: a few clean checkpoints of the warm desktop; the last one
     // stops the source and is kept.
-    let mut dumps = Vec::new();
-    let mut ck = None;
-    for i in 0..3 {
-        let t = Instant::now();
-        let req = drums_api::CreateCheckpoint {
-            session: src.id.clone(),
-            name: None,
-            clean: true,
-            leave_running: i < 2,
-        };
-        let k: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
-        dumps.push((t.elapsed().as_secs_f64(), k.frozen_ms / 1e3));
-        if i < 2 {
-            c.call(
-                Method::DELETE,
-                &format!("/v1/checkpoints/{}", enc(&k.id)),
-                None::<&()>,
-            )
-            .await?;
-        }
-        ck = Some(k);
-    }
-    let ck = ck.expect("three checkpoints");
+    let (dumps, ck) = checkpoints(c, &src, 3, true, false).await?;
     // Warm-up of both arms.
     let (s, _) = create(c, "desktop").await?;
     remove(c, &s).await?;
@@ -157,12 +136,7 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
     say("memory: restored siblings".into());
     let (warm_slope, warm_cg, warm_pss) =
         memory_slope(c, &[1, 2, 4], Arm::Restored(&ck.id)).await?;
-    c.call(
-        Method::DELETE,
-        &format!("/v1/checkpoints/{}", enc(&ck.id)),
-        None::<&()>,
-    )
-    .await?;
+    delete_checkpoint(c, &ck.id).await?;
 
     let sorted = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));

@@ -306,6 +306,41 @@ impl TestDaemon {
             .await
     }
 
+    /// A checkpoint of `session`; failing the test (with the daemon's log)
+    /// if it cannot be taken.
+    pub async fn checkpoint(
+        &self,
+        session: &str,
+        clean: bool,
+        leave_running: bool,
+    ) -> drums_api::Checkpoint {
+        let req = drums_api::CreateCheckpoint {
+            session: session.into(),
+            name: None,
+            clean,
+            leave_running,
+        };
+        self.client
+            .json(Method::POST, "/v1/checkpoints", Some(&req))
+            .await
+            .unwrap_or_else(|e| panic!("checkpoint: {e}\n{}", self.log()))
+    }
+
+    /// `count` unnamed siblings of checkpoint `ck`.
+    pub async fn restore(
+        &self,
+        ck: &str,
+        count: usize,
+    ) -> Result<drums_api::RestoreResult, drums_api::ClientError> {
+        self.client
+            .json(
+                Method::POST,
+                &format!("/v1/checkpoints/{ck}/restore"),
+                Some(&drums_api::RestoreRequest { count, name: None }),
+            )
+            .await
+    }
+
     pub async fn rm(&self, id: &str) -> Result<(), drums_api::ClientError> {
         self.client
             .call(Method::DELETE, &format!("/v1/sessions/{id}"), None::<&()>)
