@@ -248,3 +248,135 @@ pub struct AuditCheck {
     pub ok: bool,
     pub note: String,
 }
+
+/// What a turn changed, as the inspector classifies it: `none` needs no
+/// checkpoint, `files` a file-system snapshot, `processes` a CRIU dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnClass {
+    None,
+    Files,
+    Processes,
+    Both,
+}
+
+impl TurnClass {
+    pub fn of(files: bool, processes: bool) -> TurnClass {
+        match (files, processes) {
+            (false, false) => TurnClass::None,
+            (true, false) => TurnClass::Files,
+            (false, true) => TurnClass::Processes,
+            (true, true) => TurnClass::Both,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnClass::None => "none",
+            TurnClass::Files => "files",
+            TurnClass::Processes => "processes",
+            TurnClass::Both => "both",
+        }
+    }
+
+    pub fn files(self) -> bool {
+        matches!(self, TurnClass::Files | TurnClass::Both)
+    }
+
+    pub fn processes(self) -> bool {
+        matches!(self, TurnClass::Processes | TurnClass::Both)
+    }
+}
+
+impl std::str::FromStr for TurnClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TurnClass, String> {
+        match s {
+            "none" => Ok(TurnClass::None),
+            "files" => Ok(TurnClass::Files),
+            "processes" => Ok(TurnClass::Processes),
+            "both" => Ok(TurnClass::Both),
+            _ => Err(format!(
+                "unknown turn class {s:?} (none, files, processes, both)"
+            )),
+        }
+    }
+}
+
+/// `POST /v1/sessions/{session}/turn/begin`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnBegun {
+    pub session: String,
+    /// Turns are numbered from 1 per session.
+    pub turn: u64,
+}
+
+/// `POST /v1/sessions/{session}/turn/end`, and each line of
+/// `GET /v1/sessions/{session}/turns`: a turn's net effects on the session.
+/// The window is from the previous turn's end (or the first turn's begin) to
+/// this end, so what background processes do between turns is never lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnEffects {
+    pub session: String,
+    pub turn: u64,
+    pub class: TurnClass,
+    pub files: Vec<FileEffect>,
+    /// Processes spawned and still alive, gone, or re-executed.
+    pub processes: Vec<ProcessEffect>,
+    /// Processes that lived through the turn and ran, so may have changed memory.
+    pub dirtied: Vec<DirtiedProcess>,
+    /// How long turn_end took to classify, in microseconds.
+    pub latency_us: u64,
+}
+
+/// One path whose state differs at the boundary, relative to the session root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEffect {
+    pub path: String,
+    /// `created`, `modified`, `deleted`, or `unknown` when the inspector could
+    /// not tell (an unreadable path, io_uring, lost events): always an effect.
+    pub change: String,
+    /// The operations seen, such as `write`, `rename`, `chmod`.
+    pub ops: Vec<String>,
+    /// The processes that did it.
+    pub by: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessEffect {
+    pub pid: i32,
+    pub comm: String,
+    /// `spawned` (alive at the boundary, not before), `exited`, or `exec`.
+    pub change: String,
+    /// The program it executed, when seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirtiedProcess {
+    pub pid: i32,
+    pub comm: String,
+    /// CPU time it used in the turn, in microseconds.
+    pub cpu_us: u64,
+    /// Page faults it took in the turn.
+    pub faults: u64,
+    /// Why it counts: `ran`, or `written by <pid>` (process_vm_writev, ptrace).
+    pub reason: String,
+}
+
+/// `POST /v1/sessions/{session}/agent`: exclude a process (and the processes
+/// descended from it now) from process tracking.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkAgent {
+    /// The process id as the host sees it.
+    pub pid: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentMarked {
+    pub session: String,
+    /// Every process now excluded, the marked one first.
+    pub pids: Vec<i32>,
+}

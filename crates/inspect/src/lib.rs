@@ -1,0 +1,596 @@
+//! The inspector: what each agent turn did to its session's files and
+//! processes, from eBPF, so that only turns that changed something are
+//! checkpointed. See docs/inspector.md for the hooks and the rules.
+//!
+//! The kernel half (`src/bpf/inspect.bpf.c`) reports, per watched cgroup, every
+//! successful file mutation with its path, process fork/exec/exit, and on demand
+//! a snapshot of the cgroup's tasks with their exact run times. This half folds
+//! the events of a window (one turn end to the next) into net effects:
+//! - a file is an effect unless it was created in the window and is gone at its
+//!   end;
+//! - a process is an effect if it is alive at the end and was not at the start,
+//!   or the reverse, or it executed a new program;
+//! - a process alive at both ends that ran in between may have dirtied memory.
+//!
+//! What syscalls cannot show (writes through a shared mapping, io_uring, a path
+//! that could not be read, events the ring buffer dropped, upper-layer changes
+//! no event explains) is reported as a change. Missing a change breaks
+//! recovery; a false alarm costs one checkpoint.
+
+mod bpf;
+mod event;
+mod procs;
+mod window;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use drums_api::{DirtiedProcess, FileEffect, ProcessEffect, TurnClass, TurnEffects};
+
+use crate::bpf::{Programs, Queue};
+use crate::event::{Event, Op};
+use crate::procs::{Key, Snapshot};
+use crate::window::{Holders, Window};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("{op}")]
+    Bpf {
+        op: &'static str,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    #[error("{op}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("turn_end on session {0}: no turn is open (call turn_begin first)")]
+    NoTurn(String),
+    #[error("turn_begin on session {session}: turn {turn} is still open (call turn_end first)")]
+    TurnOpen { session: String, turn: u64 },
+    #[error("session {session} died during turn {turn}: none of its processes is left")]
+    Died { session: String, turn: u64 },
+    #[error("session {0} is not being inspected")]
+    NotWatched(String),
+    #[error("session {session} has no process {pid}")]
+    NoProcess { session: String, pid: i32 },
+}
+
+/// A session as the inspector needs to know it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub session: String,
+    /// The inode of its unified-hierarchy cgroup: what bpf_get_current_cgroup_id
+    /// returns for its processes.
+    pub cgroup_id: u64,
+    /// A process whose root is the session's root, to look paths up from.
+    pub root_pid: i32,
+    /// The btrfs subvolume holding its upper layer, for the generation check.
+    pub subvolume: Option<PathBuf>,
+}
+
+/// Loads the BPF programs when the first session is watched and unloads them
+/// when the last one stops, so an idle daemon costs the host nothing.
+pub struct Inspector {
+    shared: Arc<Mutex<State>>,
+    session_level: u32,
+}
+
+#[derive(Default)]
+struct State {
+    loaded: Option<Loaded>,
+    watches: HashMap<String, Watch>,
+    by_cgroup: HashMap<u64, String>,
+}
+
+struct Loaded {
+    progs: Programs,
+    queue: Arc<Queue>,
+    undecodable_seen: u64,
+    wake: OwnedFd,
+    drain: Option<JoinHandle<()>>,
+}
+
+struct Watch {
+    target: Target,
+    /// The number of the last turn begun; `open` while it runs.
+    turn: u64,
+    open: bool,
+    /// Events stamped with a later epoch belong to the next window.
+    epoch: u64,
+    window: Window,
+    next: Window,
+    holders: Holders,
+    /// The processes at the last boundary.
+    baseline: Snapshot,
+    /// drums' own processes and marked agents: not tracked as processes.
+    excluded: BTreeSet<Key>,
+    lost: u64,
+    generation: Option<u64>,
+    /// File events since the upper layer's generation last moved.
+    events_since_generation: u64,
+}
+
+impl Inspector {
+    /// `session_level`: the depth of session cgroups in the unified hierarchy
+    /// (1 for /sys/fs/cgroup/unified/<session>).
+    pub fn new(session_level: u32) -> Inspector {
+        Inspector {
+            shared: Arc::new(Mutex::new(State::default())),
+            session_level,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_watching(&self, session: &str) -> bool {
+        self.state().watches.contains_key(session)
+    }
+
+    /// Begin a turn. The first turn of a session starts watching it: the
+    /// programs load if needed and its processes now are the baseline.
+    pub fn turn_begin(&self, target: &Target) -> Result<u64, InspectError> {
+        let mut st = self.state();
+        if !st.watches.contains_key(&target.session) {
+            self.watch(&mut st, target)?;
+        }
+        let w = st.watches.get_mut(&target.session).expect("watched above");
+        if w.open {
+            return Err(InspectError::TurnOpen {
+                session: target.session.clone(),
+                turn: w.turn,
+            });
+        }
+        w.turn += 1;
+        w.open = true;
+        Ok(w.turn)
+    }
+
+    fn watch(&self, st: &mut State, target: &Target) -> Result<(), InspectError> {
+        if st.loaded.is_none() {
+            st.loaded = Some(self.load()?);
+        }
+        let loaded = st.loaded.as_ref().expect("loaded above");
+        loaded.progs.watch(target.cgroup_id)?;
+        let baseline = match loaded.progs.tasks() {
+            Ok(t) => Snapshot::from_tasks(&t, target.cgroup_id),
+            Err(e) => {
+                loaded.progs.unwatch(target.cgroup_id);
+                return Err(e);
+            }
+        };
+        let excluded = infrastructure(&baseline);
+        let generation = target
+            .subvolume
+            .as_deref()
+            .and_then(|p| drums_store::subvolume_generation(p).ok());
+        st.by_cgroup
+            .insert(target.cgroup_id, target.session.clone());
+        st.watches.insert(
+            target.session.clone(),
+            Watch {
+                target: target.clone(),
+                turn: 0,
+                open: false,
+                epoch: 0,
+                window: Window::default(),
+                next: Window::default(),
+                holders: Holders::default(),
+                baseline,
+                excluded,
+                lost: 0,
+                generation,
+                events_since_generation: 0,
+            },
+        );
+        Ok(())
+    }
+
+    fn load(&self) -> Result<Loaded, InspectError> {
+        let queue = Arc::new(Queue::default());
+        let progs = Programs::load(self.session_level, queue.clone())?;
+        // SAFETY: eventfd returns a new fd we own, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(InspectError::Io {
+                op: "create the inspector's wake-up eventfd",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: fd is a fresh, valid descriptor owned by nobody else.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (events_fd, wake_fd) = (progs.events_fd(), wake.as_raw_fd());
+        let shared = Arc::downgrade(&self.shared);
+        // Drain the ring buffer as events come, so a busy turn cannot fill it;
+        // turn_end drains what is left.
+        let drain = std::thread::Builder::new()
+            .name("inspect-drain".into())
+            .spawn(move || loop {
+                let ready = bpf::wait(events_fd, wake_fd, 1000);
+                let Some(shared) = shared.upgrade() else { return };
+                let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
+                match &st.loaded {
+                    Some(l) if l.wake.as_raw_fd() == wake_fd => {}
+                    _ => return, // unloaded: this thread's fds are gone
+                }
+                if ready {
+                    if let Err(e) = st.drain() {
+                        tracing::warn!("inspector: {e}");
+                    }
+                }
+            })
+            .map_err(|source| InspectError::Io {
+                op: "start the inspector's drain thread",
+                source,
+            })?;
+        Ok(Loaded {
+            progs,
+            queue,
+            undecodable_seen: 0,
+            wake,
+            drain: Some(drain),
+        })
+    }
+
+    /// End the open turn and say what its window changed.
+    pub fn turn_end(&self, session: &str) -> Result<TurnEffects, InspectError> {
+        let started = Instant::now();
+        let mut st = self.state();
+        let w = st
+            .watches
+            .get(session)
+            .ok_or_else(|| InspectError::NoTurn(session.into()))?;
+        if !w.open {
+            return Err(InspectError::NoTurn(session.into()));
+        }
+        let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
+        let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+        // Later events carry the new epoch and go to the next window; then
+        // everything already committed is read.
+        loaded.progs.set_epoch(cgroup, epoch + 1)?;
+        let tasks = loaded.progs.tasks()?;
+        let lost = loaded.progs.lost(cgroup);
+        st.drain()?;
+        let w = st.watches.get_mut(session).expect("checked above");
+        w.epoch = epoch + 1;
+        let now = Snapshot::from_tasks(&tasks, cgroup);
+        if now.procs.is_empty() {
+            let turn = w.turn;
+            let unloaded = st.unwatch(session);
+            drop(st);
+            finish_unload(unloaded);
+            return Err(InspectError::Died {
+                session: session.into(),
+                turn,
+            });
+        }
+        if lost != w.lost {
+            let what = if lost == u64::MAX {
+                "(events lost: the watch was removed)".to_owned()
+            } else {
+                format!("({} events lost: the ring buffer was full)", lost - w.lost)
+            };
+            w.window.unknown(what, Op::Opaque, "inspector");
+            w.lost = lost;
+        }
+        let mut effects = w.close(now);
+        effects.latency_us = started.elapsed().as_micros() as u64;
+        Ok(effects)
+    }
+
+    /// Exclude a process (by its pid inside the session) and its descendants
+    /// of now from process tracking. Processes it starts later are tracked:
+    /// they are what the agent does.
+    pub fn mark_agent(&self, target: &Target, ns_pid: i32) -> Result<Vec<i32>, InspectError> {
+        let mut st = self.state();
+        if !st.watches.contains_key(&target.session) {
+            self.watch(&mut st, target)?;
+        }
+        let tasks = st.loaded.as_ref().expect("watched").progs.tasks()?;
+        let w = st.watches.get_mut(&target.session).expect("watched");
+        let snap = Snapshot::from_tasks(&tasks, target.cgroup_id);
+        let root = snap
+            .procs
+            .iter()
+            .find(|(_, p)| p.ns_pid == ns_pid)
+            .map(|(k, _)| *k)
+            .ok_or_else(|| InspectError::NoProcess {
+                session: target.session.clone(),
+                pid: ns_pid,
+            })?;
+        let tree = snap.tree(root);
+        w.excluded.extend(tree.iter().copied());
+        Ok(tree.iter().map(|k| snap.procs[k].ns_pid).collect())
+    }
+
+    /// Take a new process baseline without ending the turn: after a checkpoint,
+    /// whose dump ran code in every process, so the next turn does not count
+    /// that as the processes' own work.
+    pub fn rebaseline(&self, session: &str) -> Result<(), InspectError> {
+        let mut st = self.state();
+        let Some(w) = st.watches.get(session) else {
+            return Err(InspectError::NotWatched(session.into()));
+        };
+        let cgroup = w.target.cgroup_id;
+        let tasks = st.loaded.as_ref().expect("watched").progs.tasks()?;
+        let now = Snapshot::from_tasks(&tasks, cgroup);
+        let w = st.watches.get_mut(session).expect("checked above");
+        // Only the run counters move to now: a process that appeared or left
+        // since the last boundary still counts in the next turn.
+        for (k, p) in w.baseline.procs.iter_mut() {
+            if let Some(n) = now.procs.get(k) {
+                (p.runtime_ns, p.switches, p.faults) = (n.runtime_ns, n.switches, n.faults);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop watching a session; the programs unload with the last one.
+    pub fn unwatch(&self, session: &str) {
+        let unloaded = self.state().unwatch(session);
+        finish_unload(unloaded);
+    }
+
+    /// Whether the BPF programs are loaded (for tests and `drums bench`).
+    pub fn loaded(&self) -> bool {
+        self.state().loaded.is_some()
+    }
+}
+
+/// Stop an unloaded program set's drain thread, then free it. Called without
+/// the state lock: the thread needs it to see that it must stop.
+fn finish_unload(unloaded: Option<Loaded>) {
+    if let Some(mut l) = unloaded {
+        let _ = nix::unistd::write(&l.wake, &1u64.to_ne_bytes());
+        if let Some(t) = l.drain.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    /// Forget a session; when it was the last, hand back the programs to unload.
+    fn unwatch(&mut self, session: &str) -> Option<Loaded> {
+        let w = self.watches.remove(session)?;
+        self.by_cgroup.remove(&w.target.cgroup_id);
+        if let Some(l) = &self.loaded {
+            l.progs.unwatch(w.target.cgroup_id);
+        }
+        if self.watches.is_empty() {
+            self.loaded.take()
+        } else {
+            None
+        }
+    }
+
+    /// Read the ring buffer and apply every event to its session's window.
+    fn drain(&mut self) -> Result<(), InspectError> {
+        let Some(l) = &mut self.loaded else {
+            return Ok(());
+        };
+        l.progs.consume()?;
+        let events: Vec<Event> = std::mem::take(&mut *l.queue.events.lock().unwrap());
+        let undecodable = l.queue.undecodable.load(std::sync::atomic::Ordering::Relaxed);
+        let bad = undecodable != l.undecodable_seen;
+        l.undecodable_seen = undecodable;
+        for ev in &events {
+            let Some(session) = self.by_cgroup.get(&ev.cgroup) else {
+                continue; // a session unwatched since
+            };
+            if let Some(w) = self.watches.get_mut(session) {
+                w.holders.apply(ev);
+                let win = if ev.epoch > w.epoch { &mut w.next } else { &mut w.window };
+                win.apply(ev);
+            }
+        }
+        if bad {
+            for w in self.watches.values_mut() {
+                w.window
+                    .unknown("(an event could not be decoded)".into(), Op::Opaque, "inspector");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Watch {
+    /// Close the window at a boundary whose processes are `now`.
+    fn close(&mut self, now: Snapshot) -> TurnEffects {
+        let mut window = std::mem::take(&mut self.window);
+        self.window = std::mem::take(&mut self.next);
+        self.open = false;
+
+        // The upper layer's btrfs generation moves when its subvolume is
+        // committed, up to 30 s after a write: a move with no file event since
+        // the previous move is a change the events missed.
+        self.events_since_generation += window.file_events;
+        if let Some(sv) = self.target.subvolume.as_deref() {
+            if let Ok(g) = drums_store::subvolume_generation(sv) {
+                if self.generation.is_some_and(|old| old != g) {
+                    if self.events_since_generation == 0 {
+                        window.unknown(
+                            format!("(the upper layer changed with no traced event: generation {} to {g})",
+                                self.generation.unwrap_or(0)),
+                            Op::Opaque,
+                            "inspector",
+                        );
+                    }
+                    // This window's writes may be in a later commit.
+                    self.events_since_generation = window.file_events;
+                }
+                self.generation = Some(g);
+            }
+        }
+
+        let (processes, dirtied) = self.process_effects(&now, &window);
+        self.holders.retain(|tgid| now.key_of(tgid).is_some());
+        let root = format!("/proc/{}/root", self.target.root_pid);
+        let root_fd = std::fs::File::open(&root).ok();
+        let mut files = window.effects(|p| exists(root_fd.as_ref(), p));
+        // Whatever a process holding a shared mapping or an io_uring could
+        // have written, if it ran.
+        let ran: BTreeSet<u32> = dirtied
+            .iter()
+            .map(|d| d.host_pid)
+            .chain(processes.iter().map(|p| p.host_pid))
+            .collect();
+        for tgid in ran {
+            if let Some(held) = self.holders.of(tgid) {
+                for h in held {
+                    files.push(FileEffect {
+                        path: h.clone(),
+                        change: "unknown".into(),
+                        ops: vec!["ran".into()],
+                        by: vec![format!("[{tgid}]")],
+                    });
+                }
+            }
+        }
+        self.baseline = now;
+        let processes: Vec<ProcessEffect> = processes.into_iter().map(|p| p.effect).collect();
+        let dirtied: Vec<DirtiedProcess> = dirtied.into_iter().map(|d| d.effect).collect();
+        TurnEffects {
+            session: self.target.session.clone(),
+            turn: self.turn,
+            class: TurnClass::of(!files.is_empty(), !processes.is_empty() || !dirtied.is_empty()),
+            files,
+            processes,
+            dirtied,
+            latency_us: 0,
+        }
+    }
+
+    fn process_effects(&self, now: &Snapshot, window: &Window) -> (Vec<Found<ProcessEffect>>, Vec<Found<DirtiedProcess>>) {
+        let tracked = |k: &Key| !self.excluded.contains(k);
+        let mut processes = Vec::new();
+        for (k, p) in now.procs.iter().filter(|(k, _)| tracked(k)) {
+            let change = if !self.baseline.procs.contains_key(k) {
+                "spawned"
+            } else if window.execs.contains_key(&k.0) {
+                "exec"
+            } else {
+                continue;
+            };
+            processes.push(Found {
+                host_pid: k.0,
+                effect: ProcessEffect {
+                    pid: p.ns_pid,
+                    comm: p.comm.clone(),
+                    change: change.into(),
+                    exe: window.execs.get(&k.0).cloned(),
+                },
+            });
+        }
+        for (k, p) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
+            if !now.procs.contains_key(k) {
+                processes.push(Found {
+                    host_pid: k.0,
+                    effect: ProcessEffect {
+                        pid: p.ns_pid,
+                        comm: p.comm.clone(),
+                        change: "exited".into(),
+                        exe: None,
+                    },
+                });
+            }
+        }
+        let written: BTreeMap<u32, u32> = window.memwrites.iter().copied().collect();
+        let mut dirtied = Vec::new();
+        for (k, before) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
+            let Some(after) = now.procs.get(k) else { continue };
+            let reason = if after.ran_since(before) {
+                "ran".to_owned()
+            } else if let Some(by) = written.get(&k.0) {
+                format!("written by [{by}]")
+            } else {
+                continue;
+            };
+            dirtied.push(Found {
+                host_pid: k.0,
+                effect: DirtiedProcess {
+                    pid: after.ns_pid,
+                    comm: after.comm.clone(),
+                    cpu_us: after.runtime_ns.saturating_sub(before.runtime_ns) / 1000,
+                    faults: after.faults.saturating_sub(before.faults),
+                    reason,
+                },
+            });
+        }
+        (processes, dirtied)
+    }
+}
+
+/// An effect, with the host pid it was found under.
+struct Found<T> {
+    host_pid: u32,
+    effect: T,
+}
+
+/// drums' own processes in a session: its init stages and its guest agent
+/// (the guest's children are the session's work, and are tracked).
+fn infrastructure(s: &Snapshot) -> BTreeSet<Key> {
+    let init: BTreeSet<u32> = s
+        .procs
+        .iter()
+        .filter(|(_, p)| p.comm == "drums-init")
+        .map(|(k, _)| k.0)
+        .collect();
+    s.procs
+        .iter()
+        .filter(|(_, p)| {
+            p.comm == "drums-init" || (p.comm == "drums-guest" && init.contains(&p.ppid))
+        })
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+/// Does `path` exist in the session, looked up from its root the way the
+/// session's processes would (symlinks stay inside), without following a final
+/// symlink. Any answer but "no such file" counts as existing.
+fn exists(root: Option<&std::fs::File>, path: &str) -> bool {
+    let Some(root) = root else { return true };
+    let rel = path.trim_start_matches('/');
+    let rel = if rel.is_empty() { "." } else { rel };
+    let Ok(c) = std::ffi::CString::new(rel) else { return true };
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_IN_ROOT: u64 = 0x10;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 with a valid dirfd, a NUL-terminated path and an
+    // open_how of the size passed; the returned fd is closed below.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: fd was just returned by openat2 and is ours.
+        unsafe { libc::close(fd as i32) };
+        return true;
+    }
+    !matches!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR)
+    )
+}

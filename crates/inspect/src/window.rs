@@ -1,0 +1,264 @@
+//! What a session's events add up to between two turn boundaries.
+//!
+//! Files are judged by net effect: a path first created in the window and gone
+//! at its end changed nothing; any other path that was touched did. Whether a
+//! path was created is only taken from the kernel (an open that set
+//! FMODE_CREATED, a successful mkdir, mknod, symlink or link), never guessed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use drums_api::FileEffect;
+
+use crate::event::{Event, Op, F_CREATED};
+
+#[derive(Debug, Default)]
+struct PathLog {
+    /// The first operation on the path in this window created it.
+    created: bool,
+    ops: BTreeSet<&'static str>,
+    by: BTreeSet<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Window {
+    files: BTreeMap<String, PathLog>,
+    /// What could not be pinned to a path: always an effect.
+    unknown: BTreeMap<String, PathLog>,
+    /// File-system events of any kind, net effect or not.
+    pub file_events: u64,
+    /// Programs executed, by tgid.
+    pub execs: HashMap<u32, String>,
+    /// (target, writer): memory written into another process.
+    pub memwrites: Vec<(u32, u32)>,
+}
+
+impl Window {
+    pub fn apply(&mut self, ev: &Event) {
+        let by = format!("{}[{}]", ev.comm, ev.tgid);
+        match ev.op {
+            Op::Fork | Op::Exit => {}
+            Op::Exec => {
+                self.execs
+                    .insert(ev.tgid, ev.path.clone().unwrap_or_default());
+            }
+            Op::MemWrite => self.memwrites.push((ev.ppid, ev.tgid)),
+            Op::Opaque => {
+                self.file_events += 1;
+                let what = ev.path.as_deref().unwrap_or("?").trim_start_matches('/');
+                self.unknown(format!("({what} by {by})"), ev.op, &by);
+            }
+            _ => {
+                self.file_events += 1;
+                let path = ev.path.clone().unwrap_or_else(|| "?".into());
+                if !ev.certain() {
+                    self.unknown(format!("{path} (path not fully read)"), ev.op, &by);
+                    if let Some(p2) = &ev.path2 {
+                        self.unknown(format!("{p2} (path not fully read)"), ev.op, &by);
+                    }
+                    return;
+                }
+                match ev.op {
+                    Op::Rename => {
+                        self.touch(path, false, ev.op, &by);
+                        if let Some(p2) = ev.path2.clone() {
+                            self.touch(p2, false, ev.op, &by);
+                        }
+                    }
+                    // The new name is created; the old one is unchanged.
+                    Op::Link => {
+                        let new = ev.path2.clone().unwrap_or(path);
+                        self.touch(new, true, ev.op, &by);
+                    }
+                    Op::Mkdir | Op::Mknod | Op::Symlink => self.touch(path, true, ev.op, &by),
+                    Op::OpenWrite => {
+                        let created = ev.flags & F_CREATED != 0;
+                        self.touch(path, created, ev.op, &by)
+                    }
+                    _ => self.touch(path, false, ev.op, &by),
+                }
+            }
+        }
+    }
+
+    fn touch(&mut self, path: String, created: bool, op: Op, by: &str) {
+        let log = self.files.entry(path).or_insert_with(|| PathLog {
+            created,
+            ..Default::default()
+        });
+        log.ops.insert(op.name());
+        log.by.insert(by.to_owned());
+    }
+
+    /// Record something that is an effect whatever the file system says.
+    pub fn unknown(&mut self, what: String, op: Op, by: &str) {
+        let log = self.unknown.entry(what).or_default();
+        log.ops.insert(op.name());
+        log.by.insert(by.to_owned());
+    }
+
+    /// The net file effects, given whether each path exists now.
+    pub fn effects(&self, mut exists: impl FnMut(&str) -> bool) -> Vec<FileEffect> {
+        let mut out = Vec::new();
+        for (path, log) in &self.files {
+            let change = match (log.created, exists(path)) {
+                (true, false) => continue,
+                (true, true) => "created",
+                (false, true) => "modified",
+                (false, false) => "deleted",
+            };
+            out.push(effect(path, change, log));
+        }
+        out.extend(self.unknown.iter().map(|(w, log)| effect(w, "unknown", log)));
+        out
+    }
+}
+
+fn effect(path: &str, change: &str, log: &PathLog) -> FileEffect {
+    FileEffect {
+        path: path.to_owned(),
+        change: change.to_owned(),
+        ops: log.ops.iter().map(|s| s.to_string()).collect(),
+        by: log.by.iter().cloned().collect(),
+    }
+}
+
+/// Processes that can change files without a syscall the inspector sees: they
+/// hold a shared writable mapping of a file, or an io_uring. Kept across turns,
+/// inherited over fork, dropped at exit; whenever one runs in a turn, what it
+/// holds counts as changed.
+#[derive(Debug, Default)]
+pub struct Holders {
+    held: HashMap<u32, BTreeSet<String>>,
+}
+
+impl Holders {
+    pub fn apply(&mut self, ev: &Event) {
+        match ev.op {
+            Op::MmapShared if ev.certain() => {
+                let what = format!("{} (shared writable mapping)", ev.path.as_deref().unwrap_or("?"));
+                self.held.entry(ev.tgid).or_default().insert(what);
+            }
+            Op::MmapShared => {
+                self.held
+                    .entry(ev.tgid)
+                    .or_default()
+                    .insert("? (shared writable mapping of an unreadable path)".into());
+            }
+            Op::Opaque if ev.path.as_deref() == Some("/io_uring") => {
+                self.held
+                    .entry(ev.tgid)
+                    .or_default()
+                    .insert("(io_uring)".into());
+            }
+            Op::Fork if ev.flags & crate::event::F_THREAD == 0 => {
+                if let Some(h) = self.held.get(&ev.ppid).cloned() {
+                    self.held.insert(ev.tgid, h);
+                }
+            }
+            Op::Exit => {
+                self.held.remove(&ev.tgid);
+            }
+            _ => {}
+        }
+    }
+
+    pub fn of(&self, tgid: u32) -> Option<&BTreeSet<String>> {
+        self.held.get(&tgid)
+    }
+
+    /// Forget processes that are gone.
+    pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
+        self.held.retain(|tgid, _| alive(*tgid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(op: Op, flags: u32, path: &str, path2: Option<&str>) -> Event {
+        Event {
+            op,
+            flags,
+            cgroup: 1,
+            epoch: 0,
+            pid: 9,
+            tgid: 9,
+            ppid: 0,
+            ret: 0,
+            comm: "sh".into(),
+            path: Some(path.into()),
+            path2: path2.map(Into::into),
+        }
+    }
+
+    fn changes(w: &Window, existing: &[&str]) -> Vec<(String, String)> {
+        w.effects(|p| existing.contains(&p))
+            .into_iter()
+            .map(|e| (e.path, e.change))
+            .collect()
+    }
+
+    #[test]
+    fn created_then_removed_is_no_effect() {
+        let mut w = Window::default();
+        w.apply(&ev(Op::Mkdir, 0, "/tmp/d", None));
+        w.apply(&ev(Op::OpenWrite, F_CREATED, "/tmp/d/f", None));
+        w.apply(&ev(Op::Unlink, 0, "/tmp/d/f", None));
+        w.apply(&ev(Op::Rmdir, 0, "/tmp/d", None));
+        assert_eq!(changes(&w, &[]), vec![]);
+        assert_eq!(w.file_events, 4);
+    }
+
+    #[test]
+    fn a_pre_existing_file_is_an_effect_however_it_ends() {
+        let mut w = Window::default();
+        // Opened with O_CREAT but not created: it existed.
+        w.apply(&ev(Op::OpenWrite, 0, "/a", None));
+        w.apply(&ev(Op::Unlink, 0, "/a", None));
+        w.apply(&ev(Op::Unlink, 0, "/b", None));
+        w.apply(&ev(Op::Chmod, 0, "/c", None));
+        assert_eq!(
+            changes(&w, &["/c"]),
+            vec![
+                ("/a".into(), "deleted".into()),
+                ("/b".into(), "deleted".into()),
+                ("/c".into(), "modified".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn sed_in_place_modifies_the_target() {
+        let mut w = Window::default();
+        w.apply(&ev(Op::OpenWrite, F_CREATED, "/w/sedX1", None));
+        w.apply(&ev(Op::Rename, 0, "/w/sedX1", Some("/w/f")));
+        assert_eq!(changes(&w, &["/w/f"]), vec![("/w/f".into(), "modified".into())]);
+    }
+
+    #[test]
+    fn unreadable_paths_and_opaque_calls_are_always_effects() {
+        let mut w = Window::default();
+        w.apply(&ev(Op::Unlink, crate::event::F_UNREADABLE, "/x", None));
+        w.apply(&ev(Op::Opaque, 0, "/io_uring", None));
+        let c = changes(&w, &[]);
+        assert_eq!(c.len(), 2);
+        assert!(c.iter().all(|(_, ch)| ch == "unknown"), "{c:?}");
+    }
+
+    #[test]
+    fn holders_are_inherited_and_forgotten() {
+        let mut h = Holders::default();
+        h.apply(&ev(Op::MmapShared, 0, "/db", None));
+        let mut fork = ev(Op::Fork, 0, "", None);
+        (fork.ppid, fork.tgid) = (9, 12);
+        h.apply(&fork);
+        assert!(h.of(12).unwrap().iter().any(|s| s.starts_with("/db")));
+        let mut exit = ev(Op::Exit, 0, "", None);
+        exit.tgid = 9;
+        h.apply(&exit);
+        assert!(h.of(9).is_none());
+        h.retain(|t| t != 12);
+        assert!(h.of(12).is_none());
+    }
+}
