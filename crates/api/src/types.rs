@@ -346,7 +346,8 @@ pub struct FileEffect {
 pub struct ProcessEffect {
     pub pid: i32,
     pub comm: String,
-    /// `spawned` (alive at the boundary, not before), `exited`, or `exec`.
+    /// `spawned` (alive at the boundary, not before), `exited`, `exec`, or
+    /// `ipc` (it made or used System V or POSIX IPC objects, which outlive it).
     pub change: String,
     /// The program it executed, when seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]

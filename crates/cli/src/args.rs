@@ -88,6 +88,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Stream each turn's class and effects as it ends (turns are marked by
+    /// the coordinator, or by hand with `drums turn`).
+    Inspect {
+        session: String,
+        /// One TurnEffects JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark an agent's turn boundaries by hand; `end` prints what the turn did.
+    #[command(subcommand)]
+    Turn(TurnCommand),
     /// Show what drums does, on this machine, in a minute.
     Demo,
     /// Benchmarks that print the same tables every time.
@@ -187,12 +198,39 @@ pub struct ExecArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum TurnCommand {
+    /// A turn begins; the first one starts inspecting the session.
+    Begin { session: String },
+    /// The turn ends: its class and net effects.
+    End {
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Exclude an agent process living in the session (its pid there), and
+    /// its current descendants, from process tracking.
+    Agent { session: String, pid: i32 },
+    /// Stop inspecting the session.
+    Stop { session: String },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Cold start: create-to-ready latency, and host memory per added session.
     Start {
         #[arg(long, default_value = "headless")]
         profile: String,
         #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The inspector: its overhead on a syscall-heavy workload (interleaved
+    /// with and without), turn_end latency, and the labelled corpus's
+    /// confusion matrix.
+    Inspect {
+        /// Rounds of the overhead comparison, and turns timed for latency.
+        #[arg(short = 'n', default_value_t = 10)]
         n: usize,
         #[arg(long)]
         json: bool,

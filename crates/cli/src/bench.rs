@@ -9,6 +9,9 @@ use hyper::Method;
 use serde_json::json;
 
 mod desktop;
+mod inspect;
+
+pub use inspect::inspect;
 
 use crate::commands::enc;
 use crate::exit::{self, Failure};
@@ -230,7 +233,8 @@ async fn delete_checkpoint(c: &Client, id: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn sh(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
+/// Run a script in a session; its stdout, or a failure naming the script.
+async fn sh(c: &Client, s: &Session, script: &str) -> Result<String, Failure> {
     let req = drums_api::ExecRequest {
         argv: vec!["sh".into(), "-c".into(), script.into()],
         ..Default::default()
@@ -240,10 +244,13 @@ async fn sh(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
     if code != 0 {
         return Err(Failure::new(
             exit::INTERNAL,
-            format!("bench set-up command failed ({code}): {script}"),
+            format!(
+                "bench command failed ({code}): {script}: {}",
+                String::from_utf8_lossy(&e).trim()
+            ),
         ));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&o).into_owned())
 }
 
 /// The warm workload of the checkpointed session: a Python HTTP server.

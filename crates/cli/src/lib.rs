@@ -7,6 +7,7 @@ pub mod commands;
 pub mod connect;
 pub mod demo;
 pub mod exit;
+pub mod inspect;
 pub mod table;
 
 pub use args::Cli;

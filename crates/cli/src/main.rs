@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use drums_cli::args::{BenchCommand, Command};
-use drums_cli::{bench, commands, connect, demo, Cli};
+use drums_cli::{bench, commands, connect, demo, inspect, Cli};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -59,6 +59,8 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             .await
         }
         Command::Audit { a, b, json } => commands::audit(&c, a, b, *json).await,
+        Command::Inspect { session, json } => inspect::inspect(&c, session, *json).await,
+        Command::Turn(cmd) => inspect::turn(&c, cmd).await,
         Command::Demo => demo::run(&c).await,
         Command::Bench(BenchCommand::Start { profile, n, json }) => {
             bench::start(&c, profile, *n, *json).await
@@ -66,5 +68,6 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Bench(BenchCommand::Restore { profile, n, json }) => {
             bench::restore(&c, profile, *n, *json).await
         }
+        Command::Bench(BenchCommand::Inspect { n, json }) => bench::inspect(&c, *n, *json).await,
     }
 }

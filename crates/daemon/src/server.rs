@@ -32,6 +32,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/sessions/{session}/files"),
     ("get", "/v1/sessions/{session}/dir"),
     ("post", "/v1/sessions/{session}/fork"),
+    ("post", "/v1/sessions/{session}/turn/begin"),
+    ("post", "/v1/sessions/{session}/turn/end"),
+    ("get", "/v1/sessions/{session}/turns"),
+    ("delete", "/v1/sessions/{session}/turns"),
+    ("post", "/v1/sessions/{session}/agent"),
     ("get", "/v1/checkpoints"),
     ("post", "/v1/checkpoints"),
     ("get", "/v1/checkpoints/{checkpoint}"),
@@ -55,6 +60,13 @@ pub fn router(m: AppState) -> Router {
         .route("/v1/sessions/{session}/files", get(to_guest).put(to_guest))
         .route("/v1/sessions/{session}/dir", get(to_guest))
         .route("/v1/sessions/{session}/fork", post(fork))
+        .route("/v1/sessions/{session}/turn/begin", post(turn_begin))
+        .route("/v1/sessions/{session}/turn/end", post(turn_end))
+        .route(
+            "/v1/sessions/{session}/turns",
+            get(turns).delete(stop_inspecting),
+        )
+        .route("/v1/sessions/{session}/agent", post(mark_agent))
         .route("/v1/checkpoints", get(checkpoints).post(checkpoint))
         .route(
             "/v1/checkpoints/{checkpoint}",
@@ -229,6 +241,68 @@ async fn fork(
         StatusCode::CREATED,
         Json(m.restore(&ck.id, req.count, name).await?),
     ))
+}
+
+async fn turn_begin(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::TurnBegun>> {
+    Ok(Json(m.turn_begin(&id)?))
+}
+
+async fn turn_end(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::TurnEffects>> {
+    Ok(Json(m.turn_end(&id)?))
+}
+
+async fn mark_agent(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    b: Bytes,
+) -> Result<Json<drums_api::AgentMarked>> {
+    let req: drums_api::MarkAgent = body("agent", &b)?;
+    Ok(Json(m.mark_agent(&id, req.pid)?))
+}
+
+async fn stop_inspecting(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
+    m.stop_inspecting(&id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Each turn's effects as it ends, one JSON line each, until the session is
+/// removed or the client goes away.
+async fn turns(State(m): State<AppState>, Path(id): Path<String>) -> Result<Response> {
+    use drums_session::inspect::TurnNews;
+    use tokio::sync::broadcast::error::RecvError;
+    let name = m.get(&id)?.name;
+    let rx = m.subscribe_turns();
+    let stream = futures::stream::unfold((rx, name), |(mut rx, name)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(TurnNews::Ended(e)) if e.session == name => {
+                    let mut line = serde_json::to_vec(&e).expect("API types serialize");
+                    line.push(b'\n');
+                    return Some((Ok::<_, std::io::Error>(Bytes::from(line)), (rx, name)));
+                }
+                Ok(TurnNews::Gone(n)) if n == name => return None,
+                Ok(_) => {}
+                // A reader too slow for 256 turns misses some: say so in-band
+                // rather than pretend the stream is complete.
+                Err(RecvError::Lagged(k)) => {
+                    let line = format!("{{\"lagged\":{k}}}\n");
+                    return Some((Ok(Bytes::from(line)), (rx, name)));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 #[derive(serde::Deserialize)]

@@ -30,6 +30,7 @@ pub enum Op {
     Ioctl,
     Opaque,
     MemWrite,
+    Ipc,
     Fork,
     Exec,
     Exit,
@@ -56,6 +57,7 @@ impl Op {
             16 => Op::Ioctl,
             17 => Op::Opaque,
             18 => Op::MemWrite,
+            19 => Op::Ipc,
             32 => Op::Fork,
             33 => Op::Exec,
             34 => Op::Exit,
@@ -84,6 +86,7 @@ impl Op {
             Op::Ioctl => "ioctl",
             Op::Opaque => "opaque",
             Op::MemWrite => "memwrite",
+            Op::Ipc => "ipc",
             Op::Fork => "fork",
             Op::Exec => "exec",
             Op::Exit => "exit",
@@ -146,7 +149,12 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         fields[i] = buf.get(at..end).ok_or(DecodeError::Overrun)?;
         at = end;
     }
-    let comm: Vec<u8> = h.comm.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+    let comm: Vec<u8> = h
+        .comm
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
     let path_of = |name: &[u8], base: &[u8]| {
         (!name.is_empty() || !base.is_empty()).then(|| compose(name, base))
     };
@@ -216,15 +224,17 @@ mod tests {
     }
 
     fn record(op: u16, lens: [u16; 4], data: &[u8]) -> Vec<u8> {
-        let mut h: types::event_hdr = Default::default();
-        h.version = EVENT_VERSION;
-        h.op = op;
-        h.flags = F_CREATED;
-        h.cgroup = 7;
-        h.epoch = 3;
-        h.pid = 11;
-        h.tgid = 10;
-        h.lens = lens;
+        let mut h = types::event_hdr {
+            version: EVENT_VERSION,
+            op,
+            flags: F_CREATED,
+            cgroup: 7,
+            epoch: 3,
+            pid: 11,
+            tgid: 10,
+            lens,
+            ..Default::default()
+        };
         for (d, s) in h.comm.iter_mut().zip(b"touch") {
             *d = *s as i8;
         }
@@ -253,7 +263,10 @@ mod tests {
         assert_eq!(decode(&[0; 4]), Err(DecodeError::Short(4)));
         let mut r = record(4, [2, 0, 0, 0], b"a\0");
         assert_eq!(decode(&record(99, [0; 4], b"")), Err(DecodeError::Op(99)));
-        assert_eq!(decode(&record(4, [9, 0, 0, 0], b"a\0")), Err(DecodeError::Overrun));
+        assert_eq!(
+            decode(&record(4, [9, 0, 0, 0], b"a\0")),
+            Err(DecodeError::Overrun)
+        );
         r[0] = 9;
         assert_eq!(decode(&r), Err(DecodeError::Version(9)));
     }

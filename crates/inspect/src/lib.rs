@@ -36,6 +36,9 @@ use crate::event::{Event, Op};
 use crate::procs::{Key, Snapshot};
 use crate::window::{Holders, Window};
 
+/// How often the ring buffer is drained between turn ends.
+const DRAIN_INTERVAL_MS: i32 = 100;
+
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
     #[error("{op}")]
@@ -73,6 +76,10 @@ pub struct Target {
     pub root_pid: i32,
     /// The btrfs subvolume holding its upper layer, for the generation check.
     pub subvolume: Option<PathBuf>,
+    /// drums' own files in the session (its log, Python reseed registrations),
+    /// which are not the session's state: changes to these paths, or below
+    /// those ending in '/', are not effects.
+    pub ignore: Vec<String>,
 }
 
 /// Loads the BPF programs when the first session is watched and unloads them
@@ -209,22 +216,23 @@ impl Inspector {
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         let (events_fd, wake_fd) = (progs.events_fd(), wake.as_raw_fd());
         let shared = Arc::downgrade(&self.shared);
-        // Drain the ring buffer as events come, so a busy turn cannot fill it;
-        // turn_end drains what is left.
+        // Drain the ring buffer on a timer, and early when the programs say
+        // it is filling, so a busy turn cannot overflow it; turn_end drains
+        // what is left.
         let drain = std::thread::Builder::new()
             .name("inspect-drain".into())
             .spawn(move || loop {
-                let ready = bpf::wait(events_fd, wake_fd, 1000);
-                let Some(shared) = shared.upgrade() else { return };
+                bpf::wait(events_fd, wake_fd, DRAIN_INTERVAL_MS);
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
                 let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
                 match &st.loaded {
                     Some(l) if l.wake.as_raw_fd() == wake_fd => {}
                     _ => return, // unloaded: this thread's fds are gone
                 }
-                if ready {
-                    if let Err(e) = st.drain() {
-                        tracing::warn!("inspector: {e}");
-                    }
+                if let Err(e) = st.drain() {
+                    tracing::warn!("inspector: {e}");
                 }
             })
             .map_err(|source| InspectError::Io {
@@ -378,7 +386,10 @@ impl State {
         };
         l.progs.consume()?;
         let events: Vec<Event> = std::mem::take(&mut *l.queue.events.lock().unwrap());
-        let undecodable = l.queue.undecodable.load(std::sync::atomic::Ordering::Relaxed);
+        let undecodable = l
+            .queue
+            .undecodable
+            .load(std::sync::atomic::Ordering::Relaxed);
         let bad = undecodable != l.undecodable_seen;
         l.undecodable_seen = undecodable;
         for ev in &events {
@@ -387,14 +398,21 @@ impl State {
             };
             if let Some(w) = self.watches.get_mut(session) {
                 w.holders.apply(ev);
-                let win = if ev.epoch > w.epoch { &mut w.next } else { &mut w.window };
+                let win = if ev.epoch > w.epoch {
+                    &mut w.next
+                } else {
+                    &mut w.window
+                };
                 win.apply(ev);
             }
         }
         if bad {
             for w in self.watches.values_mut() {
-                w.window
-                    .unknown("(an event could not be decoded)".into(), Op::Opaque, "inspector");
+                w.window.unknown(
+                    "(an event could not be decoded)".into(),
+                    Op::Opaque,
+                    "inspector",
+                );
             }
         }
         Ok(())
@@ -435,6 +453,13 @@ impl Watch {
         let root = format!("/proc/{}/root", self.target.root_pid);
         let root_fd = std::fs::File::open(&root).ok();
         let mut files = window.effects(|p| exists(root_fd.as_ref(), p));
+        files.retain(|f| {
+            !self
+                .target
+                .ignore
+                .iter()
+                .any(|i| f.path == *i || (i.ends_with('/') && f.path.starts_with(i.as_str())))
+        });
         // Whatever a process holding a shared mapping or an io_uring could
         // have written, if it ran.
         let ran: BTreeSet<u32> = dirtied
@@ -460,7 +485,10 @@ impl Watch {
         TurnEffects {
             session: self.target.session.clone(),
             turn: self.turn,
-            class: TurnClass::of(!files.is_empty(), !processes.is_empty() || !dirtied.is_empty()),
+            class: TurnClass::of(
+                !files.is_empty(),
+                !processes.is_empty() || !dirtied.is_empty(),
+            ),
             files,
             processes,
             dirtied,
@@ -468,7 +496,11 @@ impl Watch {
         }
     }
 
-    fn process_effects(&self, now: &Snapshot, window: &Window) -> (Vec<Found<ProcessEffect>>, Vec<Found<DirtiedProcess>>) {
+    fn process_effects(
+        &self,
+        now: &Snapshot,
+        window: &Window,
+    ) -> (Vec<Found<ProcessEffect>>, Vec<Found<DirtiedProcess>>) {
         let tracked = |k: &Key| !self.excluded.contains(k);
         let mut processes = Vec::new();
         for (k, p) in now.procs.iter().filter(|(k, _)| tracked(k)) {
@@ -502,10 +534,27 @@ impl Watch {
                 });
             }
         }
+        for (tgid, comm) in &window.ipc {
+            processes.push(Found {
+                host_pid: *tgid,
+                effect: ProcessEffect {
+                    pid: now
+                        .key_of(*tgid)
+                        .or_else(|| self.baseline.key_of(*tgid))
+                        .and_then(|k| now.procs.get(&k).or_else(|| self.baseline.procs.get(&k)))
+                        .map_or(0, |p| p.ns_pid),
+                    comm: comm.clone(),
+                    change: "ipc".into(),
+                    exe: None,
+                },
+            });
+        }
         let written: BTreeMap<u32, u32> = window.memwrites.iter().copied().collect();
         let mut dirtied = Vec::new();
         for (k, before) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
-            let Some(after) = now.procs.get(k) else { continue };
+            let Some(after) = now.procs.get(k) else {
+                continue;
+            };
             let reason = if after.ran_since(before) {
                 "ran".to_owned()
             } else if let Some(by) = written.get(&k.0) {
@@ -559,7 +608,9 @@ fn exists(root: Option<&std::fs::File>, path: &str) -> bool {
     let Some(root) = root else { return true };
     let rel = path.trim_start_matches('/');
     let rel = if rel.is_empty() { "." } else { rel };
-    let Ok(c) = std::ffi::CString::new(rel) else { return true };
+    let Ok(c) = std::ffi::CString::new(rel) else {
+        return true;
+    };
     #[repr(C)]
     struct OpenHow {
         flags: u64,

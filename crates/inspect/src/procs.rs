@@ -87,7 +87,11 @@ impl Snapshot {
 }
 
 fn comm(c: &[i8; 16]) -> String {
-    let b: Vec<u8> = c.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+    let b: Vec<u8> = c
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
     String::from_utf8_lossy(&b).into_owned()
 }
 
@@ -95,7 +99,15 @@ fn comm(c: &[i8; 16]) -> String {
 mod tests {
     use super::*;
 
-    fn rec(cgroup: u64, pid: u32, tgid: u32, ppid: u32, start: u64, rt: u64, comm: &str) -> task_rec {
+    fn rec(
+        cgroup: u64,
+        pid: u32,
+        tgid: u32,
+        ppid: u32,
+        start: u64,
+        rt: u64,
+        comm: &str,
+    ) -> task_rec {
         let mut r = task_rec {
             cgroup,
             pid,

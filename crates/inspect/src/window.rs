@@ -30,6 +30,9 @@ pub struct Window {
     pub execs: HashMap<u32, String>,
     /// (target, writer): memory written into another process.
     pub memwrites: Vec<(u32, u32)>,
+    /// Processes that used System V or POSIX IPC: shared memory, semaphores
+    /// and queues outlive them, as state CRIU dumps with the IPC namespace.
+    pub ipc: BTreeMap<u32, String>,
 }
 
 impl Window {
@@ -42,6 +45,9 @@ impl Window {
                     .insert(ev.tgid, ev.path.clone().unwrap_or_default());
             }
             Op::MemWrite => self.memwrites.push((ev.ppid, ev.tgid)),
+            Op::Ipc => {
+                self.ipc.insert(ev.tgid, ev.comm.clone());
+            }
             Op::Opaque => {
                 self.file_events += 1;
                 let what = ev.path.as_deref().unwrap_or("?").trim_start_matches('/');
@@ -108,7 +114,11 @@ impl Window {
             };
             out.push(effect(path, change, log));
         }
-        out.extend(self.unknown.iter().map(|(w, log)| effect(w, "unknown", log)));
+        out.extend(
+            self.unknown
+                .iter()
+                .map(|(w, log)| effect(w, "unknown", log)),
+        );
         out
     }
 }
@@ -135,7 +145,10 @@ impl Holders {
     pub fn apply(&mut self, ev: &Event) {
         match ev.op {
             Op::MmapShared if ev.certain() => {
-                let what = format!("{} (shared writable mapping)", ev.path.as_deref().unwrap_or("?"));
+                let what = format!(
+                    "{} (shared writable mapping)",
+                    ev.path.as_deref().unwrap_or("?")
+                );
                 self.held.entry(ev.tgid).or_default().insert(what);
             }
             Op::MmapShared => {
@@ -233,7 +246,10 @@ mod tests {
         let mut w = Window::default();
         w.apply(&ev(Op::OpenWrite, F_CREATED, "/w/sedX1", None));
         w.apply(&ev(Op::Rename, 0, "/w/sedX1", Some("/w/f")));
-        assert_eq!(changes(&w, &["/w/f"]), vec![("/w/f".into(), "modified".into())]);
+        assert_eq!(
+            changes(&w, &["/w/f"]),
+            vec![("/w/f".into(), "modified".into())]
+        );
     }
 
     #[test]

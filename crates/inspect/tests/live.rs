@@ -24,7 +24,8 @@ impl Cg {
             nix::unistd::geteuid().is_root(),
             "SKIPPED FOR REAL: the inspector tests need root (CI runs them as root)"
         );
-        let dir = Path::new(UNIFIED).join(format!("drums-inspect-test-{name}-{}", std::process::id()));
+        let dir =
+            Path::new(UNIFIED).join(format!("drums-inspect-test-{name}-{}", std::process::id()));
         std::fs::create_dir(&dir).expect("create a test cgroup in the unified hierarchy");
         let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).unwrap());
         let mut cg = Cg {
@@ -64,6 +65,7 @@ impl Cg {
             cgroup_id: self.id,
             root_pid: std::process::id() as i32,
             subvolume: None,
+            ignore: Vec::new(),
         }
     }
 }
@@ -97,11 +99,19 @@ fn classifies_files_and_processes_and_unloads_at_the_end() {
     std::fs::write(tmp.path().join("keep"), "1").unwrap();
     let i = Inspector::new(1);
 
-    let t = turn(&i, &cg, &format!("cat {d}/keep >/dev/null; ls {d} >/dev/null"));
+    let t = turn(
+        &i,
+        &cg,
+        &format!("cat {d}/keep >/dev/null; ls {d} >/dev/null"),
+    );
     assert_eq!(t.class, TurnClass::None, "{t:#?}");
     assert_eq!(t.turn, 1);
 
-    let t = turn(&i, &cg, &format!("echo x > {d}/tmpf; rm {d}/tmpf; mkdir {d}/dd; rmdir {d}/dd"));
+    let t = turn(
+        &i,
+        &cg,
+        &format!("echo x > {d}/tmpf; rm {d}/tmpf; mkdir {d}/dd; rmdir {d}/dd"),
+    );
     assert_eq!(t.class, TurnClass::None, "{t:#?}");
 
     let t = turn(&i, &cg, &format!("cd {d} && echo 2 >> keep"));
@@ -111,8 +121,15 @@ fn classifies_files_and_processes_and_unloads_at_the_end() {
 
     let t = turn(&i, &cg, &format!("cd {d} && touch new && mv new new2"));
     assert_eq!(t.class, TurnClass::Files, "{t:#?}");
-    let paths: Vec<_> = t.files.iter().map(|f| (f.path.as_str(), f.change.as_str())).collect();
-    assert!(paths.contains(&(&*format!("{d}/new2"), "modified")), "{paths:?}");
+    let paths: Vec<_> = t
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.change.as_str()))
+        .collect();
+    assert!(
+        paths.contains(&(&*format!("{d}/new2"), "modified")),
+        "{paths:?}"
+    );
 
     // The pause lets the new process finish starting inside the turn.
     let t = turn(&i, &cg, "sleep 999 & sleep 0.2");
@@ -128,12 +145,21 @@ fn classifies_files_and_processes_and_unloads_at_the_end() {
     assert!(t.processes.iter().any(|p| p.change == "exited"), "{t:#?}");
 
     // Bad input.
-    assert!(matches!(i.turn_end(&cg.target().session), Err(InspectError::NoTurn(_))));
+    assert!(matches!(
+        i.turn_end(&cg.target().session),
+        Err(InspectError::NoTurn(_))
+    ));
     i.turn_begin(&cg.target()).unwrap();
-    assert!(matches!(i.turn_begin(&cg.target()), Err(InspectError::TurnOpen { .. })));
+    assert!(matches!(
+        i.turn_begin(&cg.target()),
+        Err(InspectError::TurnOpen { .. })
+    ));
     i.turn_end(&cg.target().session).unwrap();
 
     assert!(i.loaded());
     i.unwatch(&cg.target().session);
-    assert!(!i.loaded(), "the programs unload with the last watched session");
+    assert!(
+        !i.loaded(),
+        "the programs unload with the last watched session"
+    );
 }

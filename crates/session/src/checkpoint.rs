@@ -72,6 +72,8 @@ impl Manager {
                 if !req.leave_running {
                     // CRIU killed the tree after dumping it; remove the rest.
                     self.remove(&rec.id).await?;
+                } else {
+                    self.after_dump(&rec.name);
                 }
                 Ok(to_api(&m))
             }

@@ -6,13 +6,15 @@
 //!   init, network, readiness), each step a fault-injection point;
 //! - [`teardown`] removes whatever the ledger names, for `rm`, for a failed
 //!   create, at shutdown, and in the sweep at daemon start;
-//! - [`process`] holds the few process helpers (start times, reaping).
+//! - [`process`] holds the few process helpers (start times, reaping);
+//! - [`inspect`] is where turn boundaries meet the eBPF inspector.
 
 pub mod archive;
 pub mod audit;
 pub mod checkpoint;
 pub mod create;
 pub mod faults;
+pub mod inspect;
 pub mod manager;
 pub mod process;
 pub mod restore;
@@ -80,6 +82,8 @@ pub enum SessionError {
         waited_ms: u64,
         detail: String,
     },
+    #[error("inspector")]
+    Inspect(#[from] drums_inspect::InspectError),
     #[error("remove session {id}: {failures}")]
     Teardown { id: String, failures: String },
 }
@@ -92,6 +96,14 @@ impl SessionError {
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
             SessionError::NameTaken(_) => ErrorKind::Conflict,
+            SessionError::Inspect(e) => match e {
+                drums_inspect::InspectError::NoTurn(_)
+                | drums_inspect::InspectError::TurnOpen { .. }
+                | drums_inspect::InspectError::Died { .. }
+                | drums_inspect::InspectError::NotWatched(_) => ErrorKind::Conflict,
+                drums_inspect::InspectError::NoProcess { .. } => ErrorKind::NotFound,
+                _ => ErrorKind::Internal,
+            },
             SessionError::Catalog(drums_catalog::CatalogError::CheckpointNameTaken(_)) => {
                 ErrorKind::Conflict
             }

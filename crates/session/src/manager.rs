@@ -57,6 +57,9 @@ pub struct Manager {
     /// the first restore after a daemon start and again only if an image
     /// changed; every restore checks sizes.
     pub(crate) verified: Mutex<std::collections::HashMap<String, i128>>,
+    /// Loads its eBPF programs with the first inspected session.
+    pub(crate) inspector: drums_inspect::Inspector,
+    pub(crate) turns: tokio::sync::broadcast::Sender<crate::inspect::TurnNews>,
 }
 
 impl Manager {
@@ -132,6 +135,7 @@ impl Manager {
             .map_err(io("create", state.join("checkpoints")))?;
         std::fs::create_dir_all(store_root.join("checkpoints"))
             .map_err(io("create", store_root.join("checkpoints")))?;
+        let cfg_parent = cfg.cgroup_parent.clone();
         let m = Manager {
             images: ImageStore::new(cfg.images_dir.clone()),
             cfg,
@@ -144,6 +148,8 @@ impl Manager {
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
             criu,
+            inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
+            turns: tokio::sync::broadcast::channel(256).0,
         };
         m.sweep().await;
 
@@ -303,6 +309,7 @@ impl Manager {
 
     async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
         self.catalog.set_session_state(&rec.id, "removing", None)?;
+        self.forget_turns(&rec.name);
         teardown::remove_owned(self, &rec.id).await?;
         self.catalog.delete_session(&rec.id)?;
         Ok(())

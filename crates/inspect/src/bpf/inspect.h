@@ -25,6 +25,7 @@ enum ev_op {
 	EV_IOCTL = 16,       /* an inode-flag ioctl (chattr) */
 	EV_OPAQUE = 17,      /* io_uring, mount: effects syscalls cannot see */
 	EV_MEMWRITE = 18,    /* process_vm_writev or ptrace into another process */
+	EV_IPC = 19,         /* System V or POSIX IPC objects: kernel state CRIU dumps */
 	EV_FORK = 32,
 	EV_EXEC = 33,
 	EV_EXIT = 34,

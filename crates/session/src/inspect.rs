@@ -1,0 +1,124 @@
+//! Turn boundaries: the session side of the inspector (drums_inspect), which
+//! the API's turn routes, the coordinator and `drums inspect` call.
+
+use drums_api::{AgentMarked, TurnBegun, TurnEffects};
+use drums_inspect::Target;
+
+use crate::{Manager, SessionError};
+
+/// What `GET /v1/sessions/{session}/turns` streams.
+#[derive(Debug, Clone)]
+pub enum TurnNews {
+    Ended(TurnEffects),
+    /// The session was removed: its stream ends.
+    Gone(String),
+}
+
+/// The depth of session cgroups in the unified hierarchy: the parent's
+/// components, plus the session's own.
+pub fn session_level(cgroup_parent: &str) -> u32 {
+    cgroup_parent.split('/').filter(|c| !c.is_empty()).count() as u32 + 1
+}
+
+impl Manager {
+    fn inspect_target(&self, id_or_name: &str) -> Result<Target, SessionError> {
+        let rec = self.record(id_or_name)?;
+        let pid = match (rec.state.as_str(), rec.init_pid) {
+            ("running", Some(pid)) => pid,
+            _ => {
+                return Err(SessionError::Invalid(format!(
+                    "session {} is {}, not running",
+                    rec.name, rec.state
+                )))
+            }
+        };
+        let cgroup_id = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id)
+            .id()
+            .ok_or_else(|| {
+                SessionError::Invalid(format!(
+                    "session {} has no cgroup in the unified (v2) hierarchy, which the inspector attributes events by",
+                    rec.name
+                ))
+            })?;
+        Ok(Target {
+            session: rec.name,
+            cgroup_id,
+            root_pid: pid,
+            subvolume: Some(self.store_root.join("sessions").join(&rec.id)),
+            // drums' own directory: the init's log, the guest's socket, the
+            // Python reseed registrations (bound to their processes' lives).
+            ignore: vec!["/run/drums/".to_owned()],
+        })
+    }
+
+    /// Begin a turn; the first one starts inspecting the session.
+    pub fn turn_begin(&self, id_or_name: &str) -> Result<TurnBegun, SessionError> {
+        let target = self.inspect_target(id_or_name)?;
+        let turn = self.inspector.turn_begin(&target)?;
+        Ok(TurnBegun {
+            session: target.session,
+            turn,
+        })
+    }
+
+    /// End the open turn: what it changed, also sent to every `turns` stream.
+    pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
+        let rec = self.record(id_or_name)?;
+        let effects = self.inspector.turn_end(&rec.name)?;
+        let _ = self.turns.send(TurnNews::Ended(effects.clone()));
+        Ok(effects)
+    }
+
+    /// Exclude an agent living in the session (its pid there) from process
+    /// tracking.
+    pub fn mark_agent(&self, id_or_name: &str, pid: i32) -> Result<AgentMarked, SessionError> {
+        let target = self.inspect_target(id_or_name)?;
+        let pids = self.inspector.mark_agent(&target, pid)?;
+        Ok(AgentMarked {
+            session: target.session,
+            pids,
+        })
+    }
+
+    /// Stop inspecting a session (its programs unload with the last one).
+    pub fn stop_inspecting(&self, id_or_name: &str) -> Result<(), SessionError> {
+        let rec = self.record(id_or_name)?;
+        self.inspector.unwatch(&rec.name);
+        Ok(())
+    }
+
+    pub fn is_inspected(&self, id_or_name: &str) -> bool {
+        self.record(id_or_name)
+            .map(|r| self.inspector.is_watching(&r.name))
+            .unwrap_or(false)
+    }
+
+    pub fn subscribe_turns(&self) -> tokio::sync::broadcast::Receiver<TurnNews> {
+        self.turns.subscribe()
+    }
+
+    /// A session is going away: stop inspecting it and end its streams.
+    pub(crate) fn forget_turns(&self, name: &str) {
+        self.inspector.unwatch(name);
+        let _ = self.turns.send(TurnNews::Gone(name.to_owned()));
+    }
+
+    /// A checkpoint's dump ran code in every process of the session; the next
+    /// turn should not count that as theirs.
+    pub(crate) fn after_dump(&self, name: &str) {
+        if self.inspector.is_watching(name) {
+            if let Err(e) = self.inspector.rebaseline(name) {
+                tracing::warn!("inspector: rebaseline {name}: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn session_levels() {
+        assert_eq!(super::session_level("drums"), 2);
+        assert_eq!(super::session_level("a/b/"), 3);
+    }
+}
