@@ -182,6 +182,10 @@ struct {
 struct scratch {
 	struct event_hdr h;
 	char data[DATA_SIZE];
+	/* The file this CPU last reported, and in which epoch: a write right
+	 * after its open (the common case) then needs no hash-map access. */
+	struct written_key last;
+	unsigned long long last_epoch;
 };
 
 struct {
@@ -346,6 +350,9 @@ static __noinline unsigned int put_path(struct scratch *s, unsigned int off, int
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	unsigned int start = off;
+	/* Read with probe reads, so the walk's state holds plain numbers the
+	 * verifier can prune on; typed pointers would make bpf_loop's callback
+	 * too costly to verify. */
 	struct walk w = {
 		.s = s,
 		.off = off,
@@ -375,33 +382,73 @@ static __noinline unsigned int put_path(struct scratch *s, unsigned int off, int
 	return off;
 }
 
+/* The file behind an fd. Read through bpf_core_cast from here on: plain loads
+ * the verifier guards, cheaper than a bpf_probe_read_kernel call each, on the
+ * path every watched write takes. */
 static __always_inline struct file *fd_file(int fd)
 {
-	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
-	struct file **arr;
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct fdtable *fdt = t->files->fdt;
 	struct file *f = 0;
 
-	if (fd < 0 || !fdt || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+	if (fd < 0 || !fdt || (unsigned int)fd >= fdt->max_fds)
 		return 0;
-	arr = BPF_CORE_READ(fdt, fd);
-	bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]);
-	return f;
+	bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]);
+	if (!f)
+		return 0;
+	return bpf_core_cast(f, struct file);
 }
 
 static __always_inline unsigned int file_type(struct file *f)
 {
-	return BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT;
+	return f->f_inode->i_mode & S_IFMT;
 }
 
 static __always_inline struct written_key file_key(unsigned long long cg, struct file *f)
 {
-	struct inode *i = BPF_CORE_READ(f, f_inode);
+	struct inode *i = f->f_inode;
 	struct written_key k = {.cgroup = cg,
 				.inode = (unsigned long long)i,
-				.ino = BPF_CORE_READ(i, i_ino),
-				.sb = (unsigned long long)BPF_CORE_READ(i, i_sb)};
+				.ino = i->i_ino,
+				.sb = (unsigned long long)i->i_sb};
 	return k;
+}
+
+static __always_inline struct scratch *this_cpu(void)
+{
+	unsigned int zero = 0;
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
+/* Note that f has been reported in `epoch`: in this CPU's cache only, the
+ * cheap part. A miss later costs one more event, never a lost one. */
+static __always_inline void remember(unsigned long long cg, struct file *f, unsigned long long epoch)
+{
+	struct scratch *s = this_cpu();
+	if (s) {
+		s->last = file_key(cg, f);
+		s->last_epoch = epoch;
+	}
+}
+
+/* Whether f was already reported in `epoch`; if not, it is about to be, so
+ * note that. */
+static __always_inline int reported(unsigned long long cg, struct file *f, unsigned long long epoch)
+{
+	struct written_key k = file_key(cg, f);
+	struct scratch *s = this_cpu();
+	if (s && s->last_epoch == epoch && s->last.inode == k.inode && s->last.ino == k.ino &&
+	    s->last.sb == k.sb && s->last.cgroup == k.cgroup)
+		return 1;
+	unsigned long long *seen = bpf_map_lookup_elem(&written, &k);
+	if (seen && *seen == epoch)
+		return 1;
+	bpf_map_update_elem(&written, &k, &epoch, BPF_ANY);
+	if (s) {
+		s->last = k;
+		s->last_epoch = epoch;
+	}
+	return 0;
 }
 
 static __always_inline unsigned int put_file_path(struct scratch *s, unsigned int off, int field,
@@ -488,19 +535,13 @@ static __noinline int emit_fd(struct call *c, int once)
 	struct file *f = fd_file(c->fd);
 	if (!f)
 		return 0;
-	if (c->op == EV_MMAP_SHARED && !(BPF_CORE_READ(f, f_mode) & FMODE_WRITE))
+	if (c->op == EV_MMAP_SHARED && !(f->f_mode & FMODE_WRITE))
 		return 0;
 	unsigned int type = file_type(f);
 	if (type != S_IFREG && !(type == S_IFDIR && !once))
 		return 0; /* pipes, sockets, ttys, devices: not file-system state */
-	if (once) {
-		struct written_key k = file_key(c->cg, f);
-		unsigned long long *seen = bpf_map_lookup_elem(&written, &k);
-		if (seen && *seen == v->epoch)
-			return 0;
-		unsigned long long e = v->epoch;
-		bpf_map_update_elem(&written, &k, &e, BPF_ANY);
-	}
+	if (once && reported(c->cg, f, v->epoch))
+		return 0;
 	struct scratch *s = begin(c->op, c->cg, v, c->ret);
 	if (!s)
 		return 0;
@@ -523,17 +564,13 @@ static __noinline int emit_open(struct call *c)
 	struct file *f = fd_file(c->ret);
 	if (!f || file_type(f) != S_IFREG)
 		return 0; /* /dev/null and friends */
-	struct written_key k = file_key(c->cg, f);
-	unsigned long long e = v->epoch;
-	unsigned int fmode = BPF_CORE_READ(f, f_mode);
+	unsigned int fmode = f->f_mode;
 	/* A created file is always reported: whether it still exists at the
 	 * boundary decides if it is an effect. */
-	if (!(fmode & FMODE_CREATED)) {
-		unsigned long long *seen = bpf_map_lookup_elem(&written, &k);
-		if (seen && *seen == e)
-			return 0;
-	}
-	bpf_map_update_elem(&written, &k, &e, BPF_ANY);
+	if (fmode & FMODE_CREATED)
+		remember(c->cg, f, v->epoch);
+	else if (reported(c->cg, f, v->epoch))
+		return 0;
 	struct scratch *s = begin(EV_OPEN_WRITE, c->cg, v, c->ret);
 	if (!s)
 		return 0;
