@@ -49,6 +49,12 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     info!(socket = %socket.display(), state = %cfg.state_dir.display(), "drumsd ready");
 
     let app = server::router(manager.clone());
+    // Followers of `drums inspect` would hold a graceful shutdown open forever.
+    let m = manager.clone();
+    let shutdown = async move {
+        shutdown.await;
+        m.end_turn_streams();
+    };
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let served = serve.await.context("serve api");
     info!("shutting down: removing every session");

@@ -287,6 +287,7 @@ async fn turns(State(m): State<AppState>, Path(id): Path<String>) -> Result<Resp
                     return Some((Ok::<_, std::io::Error>(Bytes::from(line)), (rx, name)));
                 }
                 Ok(TurnNews::Gone(n)) if n == name => return None,
+                Ok(TurnNews::Closing) => return None,
                 Ok(_) => {}
                 // A reader too slow for 256 turns misses some: say so in-band
                 // rather than pretend the stream is complete.

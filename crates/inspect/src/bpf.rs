@@ -156,7 +156,7 @@ impl Programs {
                 self.skel
                     .maps
                     .sessions
-                    .update(&key, &0u64.to_ne_bytes(), MapFlags::ANY)
+                    .update(&key, &session_val(0, false), MapFlags::ANY)
             })
             .map_err(|source| InspectError::Bpf {
                 op: "add the cgroup to the watched map",
@@ -170,16 +170,34 @@ impl Programs {
         let _ = self.skel.maps.lost.delete(&key);
     }
 
-    /// Start a new epoch for a cgroup: events after this carry it.
-    pub fn set_epoch(&self, cgroup: u64, epoch: u64) -> Result<(), InspectError> {
+    /// Start a new epoch for a cgroup: events after this carry it. While
+    /// `resuming`, processes returning from a syscall are noted (see
+    /// [`Programs::returned`]).
+    pub fn set_epoch(&self, cgroup: u64, epoch: u64, resuming: bool) -> Result<(), InspectError> {
         self.skel
             .maps
             .sessions
-            .update(&cgroup.to_ne_bytes(), &epoch.to_ne_bytes(), MapFlags::EXIST)
+            .update(
+                &cgroup.to_ne_bytes(),
+                &session_val(epoch, resuming),
+                MapFlags::EXIST,
+            )
             .map_err(|source| InspectError::Bpf {
                 op: "start a new epoch",
                 source,
             })
+    }
+
+    /// Take the set of processes that returned from a syscall while resuming.
+    pub fn returned(&self) -> std::collections::BTreeSet<u32> {
+        let map = &self.skel.maps.returned;
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        for k in &keys {
+            let _ = map.delete(k);
+        }
+        keys.iter()
+            .filter_map(|k| Some(u32::from_ne_bytes(k.as_slice().try_into().ok()?)))
+            .collect()
     }
 
     /// How many of a cgroup's events the ring buffer had no room for.
@@ -232,6 +250,22 @@ impl Drop for Programs {
         }
         unmount_all(&self.mounted);
     }
+}
+
+/// A `struct session_val` as the programs read it.
+fn session_val(epoch: u64, resuming: bool) -> Vec<u8> {
+    let v = types::session_val {
+        epoch,
+        resuming: resuming as u64,
+    };
+    // SAFETY: session_val is plain integers; its bytes are its value.
+    unsafe {
+        std::slice::from_raw_parts(
+            (&v as *const types::session_val).cast::<u8>(),
+            std::mem::size_of_val(&v),
+        )
+    }
+    .to_vec()
 }
 
 fn mount_if_absent(fs: &str, at: &Path, magic: i64) -> Result<bool, InspectError> {

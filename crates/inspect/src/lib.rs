@@ -36,6 +36,10 @@ use crate::event::{Event, Op};
 use crate::procs::{Key, Snapshot};
 use crate::window::{Holders, Window};
 
+/// The most run time a process may use while CRIU resumes it and still count
+/// as only restarting its interrupted syscall (measured: 10-30 us).
+const RESUME_RUNTIME_NS: u64 = 200_000;
+
 /// How often the ring buffer is drained between turn ends.
 const DRAIN_INTERVAL_MS: i32 = 100;
 
@@ -83,7 +87,9 @@ pub struct Target {
 }
 
 /// Loads the BPF programs when the first session is watched and unloads them
-/// when the last one stops, so an idle daemon costs the host nothing.
+/// when the last one stops, so an idle daemon costs the host nothing. Clones
+/// share one state.
+#[derive(Clone)]
 pub struct Inspector {
     shared: Arc<Mutex<State>>,
     session_level: u32,
@@ -119,6 +125,9 @@ struct Watch {
     /// drums' own processes and marked agents: not tracked as processes.
     excluded: BTreeSet<Key>,
     lost: u64,
+    /// Events of this epoch are a checkpoint's own doing (CRIU's parasite
+    /// runs inside every process, mapping memory and writing its log).
+    discard_epoch: Option<u64>,
     generation: Option<u64>,
     /// File events since the upper layer's generation last moved.
     events_since_generation: u64,
@@ -194,6 +203,7 @@ impl Inspector {
                 baseline,
                 excluded,
                 lost: 0,
+                discard_epoch: None,
                 generation,
                 events_since_generation: 0,
             },
@@ -263,7 +273,7 @@ impl Inspector {
         let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
         // Later events carry the new epoch and go to the next window; then
         // everything already committed is read.
-        loaded.progs.set_epoch(cgroup, epoch + 1)?;
+        loaded.progs.set_epoch(cgroup, epoch + 1, false)?;
         let tasks = loaded.progs.tasks()?;
         let lost = loaded.progs.lost(cgroup);
         st.drain()?;
@@ -319,25 +329,86 @@ impl Inspector {
         Ok(tree.iter().map(|k| snap.procs[k].ns_pid).collect())
     }
 
-    /// Take a new process baseline without ending the turn: after a checkpoint,
-    /// whose dump ran code in every process, so the next turn does not count
-    /// that as the processes' own work.
-    pub fn rebaseline(&self, session: &str) -> Result<(), InspectError> {
+    /// A checkpoint of the session is about to dump it. What happens from now
+    /// until [`Inspector::checkpointed`] or [`Inspector::checkpoint_failed`] is
+    /// CRIU's doing, not the session's: set aside. Returns whether the session
+    /// is watched at all.
+    pub fn set_aside(&self, session: &str) -> Result<bool, InspectError> {
+        let mut st = self.state();
+        let Some(w) = st.watches.get_mut(session) else {
+            return Ok(false);
+        };
+        // Before the drain, so that none of them slips into the window.
+        w.discard_epoch = Some(w.epoch + 1);
+        st.next_epoch(session, false)?;
+        Ok(true)
+    }
+
+    /// The checkpoint holds the session as it is now, while it is still
+    /// frozen: this is a new start for its effects. The window restarts, and
+    /// the processes as they are now are the new baseline, until
+    /// [`Inspector::resumed`] refines it.
+    pub fn checkpointed(&self, session: &str) -> Result<(), InspectError> {
+        let mut st = self.state();
+        if st.next_epoch(session, true)?.is_none() {
+            return Ok(());
+        }
+        let loaded = st.loaded.as_ref().expect("watched");
+        loaded.progs.returned(); // empty it
+        let tasks = loaded.progs.tasks()?;
+        let w = st.watches.get_mut(session).expect("watched");
+        w.baseline = Snapshot::from_tasks(&tasks, w.target.cgroup_id);
+        w.window = Window::default();
+        Ok(())
+    }
+
+    /// CRIU has let the session run again. Being resumed costs every process
+    /// a little run time (its interrupted syscall restarts), which must not
+    /// count as its own work, or every turn after a checkpoint would look
+    /// stateful. A process's baseline moves to now only if it did nothing
+    /// else: it did not return to user space from a syscall meanwhile, took
+    /// no page fault, and ran less than [`RESUME_RUNTIME_NS`]. Otherwise the
+    /// frozen baseline stays, and the next turn reports it dirtied.
+    pub fn resumed(&self, session: &str) -> Result<(), InspectError> {
         let mut st = self.state();
         let Some(w) = st.watches.get(session) else {
-            return Err(InspectError::NotWatched(session.into()));
+            return Ok(());
         };
-        let cgroup = w.target.cgroup_id;
-        let tasks = st.loaded.as_ref().expect("watched").progs.tasks()?;
+        let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
+        let loaded = st.loaded.as_ref().expect("watched");
+        let tasks = loaded.progs.tasks()?;
+        loaded.progs.set_epoch(cgroup, epoch, false)?;
+        let returned = loaded.progs.returned();
         let now = Snapshot::from_tasks(&tasks, cgroup);
         let w = st.watches.get_mut(session).expect("checked above");
-        // Only the run counters move to now: a process that appeared or left
-        // since the last boundary still counts in the next turn.
-        for (k, p) in w.baseline.procs.iter_mut() {
-            if let Some(n) = now.procs.get(k) {
-                (p.runtime_ns, p.switches, p.faults) = (n.runtime_ns, n.switches, n.faults);
+        for (k, frozen) in w.baseline.procs.iter_mut() {
+            let Some(n) = now.procs.get(k) else { continue };
+            let quiet = !returned.contains(&k.0)
+                && n.faults == frozen.faults
+                && n.runtime_ns.saturating_sub(frozen.runtime_ns) < RESUME_RUNTIME_NS;
+            if quiet {
+                *frozen = n.clone();
             }
         }
+        Ok(())
+    }
+
+    /// The checkpoint failed after events were set aside: the inspector can no
+    /// longer say what the window holds, so its turn reports both kinds of
+    /// change.
+    pub fn checkpoint_failed(&self, session: &str) -> Result<(), InspectError> {
+        let mut st = self.state();
+        if st.next_epoch(session, false)?.is_none() {
+            return Ok(());
+        }
+        let w = st.watches.get_mut(session).expect("watched");
+        w.discard_epoch = None;
+        w.window.unknown(
+            "(a checkpoint failed while the inspector set its events aside)".into(),
+            Op::Opaque,
+            "inspector",
+        );
+        w.window.poisoned = true;
         Ok(())
     }
 
@@ -365,6 +436,28 @@ fn finish_unload(unloaded: Option<Loaded>) {
 }
 
 impl State {
+    /// Start a new epoch for a watched session and read everything of the old
+    /// one; the new epoch, or None when the session is not watched.
+    fn next_epoch(&mut self, session: &str, resuming: bool) -> Result<Option<u64>, InspectError> {
+        let Some(w) = self.watches.get(session) else {
+            return Ok(None);
+        };
+        let (cgroup, epoch) = (w.target.cgroup_id, w.epoch + 1);
+        let loaded = self
+            .loaded
+            .as_ref()
+            .expect("a watch implies loaded programs");
+        loaded.progs.set_epoch(cgroup, epoch, resuming)?;
+        self.drain()?;
+        let w = self.watches.get_mut(session).expect("checked above");
+        // Events stamped with the new epoch that the drain already read went
+        // to `next`; they belong to the window from now on.
+        let next = std::mem::take(&mut w.next);
+        w.window.absorb(next);
+        w.epoch = epoch;
+        Ok(Some(epoch))
+    }
+
     /// Forget a session; when it was the last, hand back the programs to unload.
     fn unwatch(&mut self, session: &str) -> Option<Loaded> {
         let w = self.watches.remove(session)?;
@@ -448,7 +541,18 @@ impl Watch {
             }
         }
 
-        let (processes, dirtied) = self.process_effects(&now, &window);
+        let (mut processes, dirtied) = self.process_effects(&now, &window);
+        if window.poisoned {
+            processes.push(Found {
+                host_pid: 0,
+                effect: ProcessEffect {
+                    pid: 0,
+                    comm: "(unknown: a checkpoint failed)".into(),
+                    change: "unknown".into(),
+                    exe: None,
+                },
+            });
+        }
         self.holders.retain(|tgid| now.key_of(tgid).is_some());
         let root = format!("/proc/{}/root", self.target.root_pid);
         let root_fd = std::fs::File::open(&root).ok();

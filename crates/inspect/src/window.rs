@@ -13,8 +13,12 @@ use crate::event::{Event, Op, F_CREATED};
 
 #[derive(Debug, Default)]
 struct PathLog {
-    /// The first operation on the path in this window created it.
+    /// The path did not exist when the window began: its first operation in
+    /// the window created it, or it lies below such a fresh directory.
     created: bool,
+    /// A directory made by mkdir in this window and not removed, renamed or
+    /// replaced since: nothing below it existed when the window began.
+    fresh_dir: bool,
     ops: BTreeSet<&'static str>,
     by: BTreeSet<String>,
 }
@@ -33,6 +37,8 @@ pub struct Window {
     /// Processes that used System V or POSIX IPC: shared memory, semaphores
     /// and queues outlive them, as state CRIU dumps with the IPC namespace.
     pub ipc: BTreeMap<u32, String>,
+    /// The inspector lost track (a failed checkpoint): report everything.
+    pub poisoned: bool,
 }
 
 impl Window {
@@ -70,10 +76,13 @@ impl Window {
                             self.touch(p2, false, ev.op, &by);
                         }
                     }
-                    // The new name is created; the old one is unchanged.
+                    // The new name is new, but it is another name of an
+                    // old file: writes through it change that file, so it
+                    // is never taken for created (and its removal is an
+                    // effect), whatever its directory.
                     Op::Link => {
                         let new = ev.path2.clone().unwrap_or(path);
-                        self.touch(new, true, ev.op, &by);
+                        self.touch(new, false, ev.op, &by);
                     }
                     Op::Mkdir | Op::Mknod | Op::Symlink => self.touch(path, true, ev.op, &by),
                     Op::OpenWrite => {
@@ -87,12 +96,68 @@ impl Window {
     }
 
     fn touch(&mut self, path: String, created: bool, op: Op, by: &str) {
+        let below_fresh = op != Op::Link && self.below_fresh_dir(&path);
         let log = self.files.entry(path).or_insert_with(|| PathLog {
-            created,
+            created: created || below_fresh,
+            fresh_dir: created && op == Op::Mkdir,
             ..Default::default()
         });
+        if op != Op::Mkdir && !matches!(op, Op::Chmod | Op::Chown | Op::Utimes | Op::Xattr) {
+            // Removed, renamed, or replaced by something else: what is below
+            // it now may be old (a symlink to an old directory, say).
+            log.fresh_dir = false;
+        }
         log.ops.insert(op.name());
-        log.by.insert(by.to_owned());
+        if !log.by.contains(by) {
+            log.by.insert(by.to_owned());
+        }
+    }
+
+    /// Whether a directory above `path` was made in this window and is still
+    /// that directory. Only for paths without "..", whose parent is lexical.
+    fn below_fresh_dir(&self, path: &str) -> bool {
+        if path.split('/').any(|c| c == "..") {
+            return false;
+        }
+        let mut p = path;
+        while let Some((parent, _)) = p.rsplit_once('/') {
+            if parent.is_empty() {
+                return false;
+            }
+            if self.files.get(parent).is_some_and(|l| l.fresh_dir) {
+                return true;
+            }
+            p = parent;
+        }
+        false
+    }
+
+    /// Append a later window's events to this one, as if applied in order.
+    pub fn absorb(&mut self, later: Window) {
+        for (path, log) in later.files {
+            match self.files.get_mut(&path) {
+                Some(mine) => {
+                    if !log.fresh_dir {
+                        mine.fresh_dir = false;
+                    }
+                    mine.ops.extend(log.ops);
+                    mine.by.extend(log.by);
+                }
+                None => {
+                    self.files.insert(path, log);
+                }
+            }
+        }
+        for (what, log) in later.unknown {
+            let mine = self.unknown.entry(what).or_default();
+            mine.ops.extend(log.ops);
+            mine.by.extend(log.by);
+        }
+        self.file_events += later.file_events;
+        self.execs.extend(later.execs);
+        self.memwrites.extend(later.memwrites);
+        self.ipc.extend(later.ipc);
+        self.poisoned |= later.poisoned;
     }
 
     /// Record something that is an effect whatever the file system says.
@@ -250,6 +315,65 @@ mod tests {
             changes(&w, &["/w/f"]),
             vec![("/w/f".into(), "modified".into())]
         );
+    }
+
+    #[test]
+    fn what_lands_in_a_fresh_directory_is_new() {
+        // py_compile in a temporary directory: the .pyc is renamed into place.
+        let mut w = Window::default();
+        w.apply(&ev(Op::Mkdir, 0, "/tmp/t", None));
+        w.apply(&ev(Op::OpenWrite, F_CREATED, "/tmp/t/x.tmp", None));
+        w.apply(&ev(Op::Rename, 0, "/tmp/t/x.tmp", Some("/tmp/t/x.pyc")));
+        w.apply(&ev(Op::Unlink, 0, "/tmp/t/x.pyc", None));
+        w.apply(&ev(Op::Rmdir, 0, "/tmp/t", None));
+        assert_eq!(changes(&w, &[]), vec![]);
+    }
+
+    #[test]
+    fn a_directory_replaced_in_the_window_is_not_fresh() {
+        // mkdir d; rmdir d; ln -s /etc d; rm d/passwd: that removes /etc/passwd.
+        let mut w = Window::default();
+        w.apply(&ev(Op::Mkdir, 0, "/d", None));
+        w.apply(&ev(Op::Rmdir, 0, "/d", None));
+        w.apply(&ev(Op::Symlink, 0, "/d", None));
+        w.apply(&ev(Op::Unlink, 0, "/d/passwd", None));
+        assert!(changes(&w, &[]).contains(&("/d/passwd".into(), "deleted".into())));
+        // A path with ".." is never judged by its lexical parent.
+        let mut w = Window::default();
+        w.apply(&ev(Op::Mkdir, 0, "/n", None));
+        w.apply(&ev(Op::Unlink, 0, "/n/../etc/x", None));
+        assert_eq!(
+            changes(&w, &[]),
+            vec![("/n/../etc/x".into(), "deleted".into())]
+        );
+    }
+
+    #[test]
+    fn a_hard_link_is_never_taken_for_a_new_file() {
+        // ln /etc/passwd /tmp/p; echo x >> /tmp/p; rm /tmp/p changed /etc/passwd.
+        let mut w = Window::default();
+        w.apply(&ev(Op::Mkdir, 0, "/tmp/n", None));
+        w.apply(&ev(Op::Link, 0, "/etc/passwd", Some("/tmp/n/p")));
+        w.apply(&ev(Op::OpenWrite, 0, "/tmp/n/p", None));
+        w.apply(&ev(Op::Unlink, 0, "/tmp/n/p", None));
+        assert_eq!(
+            changes(&w, &[]),
+            vec![("/tmp/n/p".into(), "deleted".into())]
+        );
+    }
+
+    #[test]
+    fn a_later_window_absorbed_keeps_the_first_operation() {
+        let mut w = Window::default();
+        w.apply(&ev(Op::Unlink, 0, "/a", None));
+        let mut later = Window::default();
+        later.apply(&ev(Op::OpenWrite, F_CREATED, "/a", None));
+        later.apply(&ev(Op::OpenWrite, F_CREATED, "/b", None));
+        later.apply(&ev(Op::Unlink, 0, "/b", None));
+        w.absorb(later);
+        // /a existed before the first window: recreated, it is modified.
+        assert_eq!(changes(&w, &["/a"]), vec![("/a".into(), "modified".into())]);
+        assert_eq!(w.file_events, 4);
     }
 
     #[test]

@@ -59,32 +59,49 @@ impl Manager {
         };
         self.catalog.insert_checkpoint(&ck)?;
         let owner = format!("ckpt:{id}");
-        match self.dump(&rec, pid, &ck, &owner, req).await {
+        let aside = self.inspect_set_aside(&rec.name);
+        let result = self.dump_and_publish(&rec, &ck, &owner, pid, req).await;
+        match &result {
+            Err(_) if aside => self.inspect_checkpoint_failed(&rec.name),
+            Ok(_) if aside && req.leave_running => self.inspect_resumed(&rec.name),
+            _ => {}
+        }
+        result
+    }
+
+    async fn dump_and_publish(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        ck: &CheckpointRecord,
+        owner: &str,
+        pid: i32,
+        req: &CreateCheckpoint,
+    ) -> Result<Checkpoint, SessionError> {
+        let id = &ck.id;
+        match self.dump(rec, pid, ck, owner, req).await {
             Ok(m) => {
                 self.catalog.publish_checkpoint(
-                    &id,
+                    id,
                     &serde_json::to_value(&m).expect("manifest serializes"),
                 )?;
                 // Published: the checkpoint row owns its directory and snapshot now.
-                for r in self.catalog.owned_by(&owner)? {
+                for r in self.catalog.owned_by(owner)? {
                     self.catalog.release(r.seq)?;
                 }
                 if !req.leave_running {
                     // CRIU killed the tree after dumping it; remove the rest.
                     self.remove(&rec.id).await?;
-                } else {
-                    self.after_dump(&rec.name);
                 }
                 Ok(to_api(&m))
             }
             Err(e) => {
-                if let Err(t) = teardown::remove_owned(self, &owner).await {
+                if let Err(t) = teardown::remove_owned(self, owner).await {
                     warn!(
                         "clean up failed checkpoint {id}: {}",
                         crate::error_chain(&t)
                     );
                 } else {
-                    self.catalog.delete_checkpoint(&id)?;
+                    self.catalog.delete_checkpoint(id)?;
                 }
                 Err(e)
             }
@@ -136,6 +153,7 @@ impl Manager {
             let (criu, opts) = (self.criu.clone(), opts.clone());
             let (upper, target, snapshot_fault) =
                 (upper.clone(), snap.clone(), snapshot_fault.clone());
+            let (inspector, name) = (self.inspector(), rec.name.clone());
             let result = tokio::task::spawn_blocking(move || {
                 criu.dump(&opts, &mut |script, _pid| {
                     // The tree stays frozen until this returns: the one moment
@@ -146,6 +164,11 @@ impl Manager {
                         }
                         drums_store::snapshot(&upper, &target, true)
                             .map_err(|e| crate::error_chain(&e))?;
+                        // Files and processes are now in the checkpoint: the
+                        // inspector starts over from here.
+                        if let Err(e) = inspector.checkpointed(&name) {
+                            warn!("inspector: {name}: {e}");
+                        }
                     }
                     Ok(())
                 })

@@ -12,6 +12,9 @@ pub enum TurnNews {
     Ended(TurnEffects),
     /// The session was removed: its stream ends.
     Gone(String),
+    /// The daemon is shutting down: every stream ends, so that the server's
+    /// graceful shutdown is not held open by a follower.
+    Closing,
 }
 
 /// The depth of session cgroups in the unified hierarchy: the parent's
@@ -97,20 +100,45 @@ impl Manager {
         self.turns.subscribe()
     }
 
+    /// End every turns stream: the daemon is stopping.
+    pub fn end_turn_streams(&self) {
+        let _ = self.turns.send(TurnNews::Closing);
+    }
+
     /// A session is going away: stop inspecting it and end its streams.
     pub(crate) fn forget_turns(&self, name: &str) {
         self.inspector.unwatch(name);
         let _ = self.turns.send(TurnNews::Gone(name.to_owned()));
     }
 
-    /// A checkpoint's dump ran code in every process of the session; the next
-    /// turn should not count that as theirs.
-    pub(crate) fn after_dump(&self, name: &str) {
-        if self.inspector.is_watching(name) {
-            if let Err(e) = self.inspector.rebaseline(name) {
-                tracing::warn!("inspector: rebaseline {name}: {e}");
-            }
+    /// A checkpoint is about to dump the session: what CRIU does inside its
+    /// processes is not theirs (see drums_inspect::Inspector::set_aside).
+    pub(crate) fn inspect_set_aside(&self, name: &str) -> bool {
+        self.inspector.set_aside(name).unwrap_or_else(|e| {
+            tracing::warn!("inspector: set {name}'s events aside: {e}");
+            false
+        })
+    }
+
+    /// CRIU has resumed the session after a dump that left it running.
+    pub(crate) fn inspect_resumed(&self, name: &str) {
+        if let Err(e) = self.inspector.resumed(name) {
+            tracing::warn!("inspector: {name}: {e}");
         }
+    }
+
+    /// The checkpoint failed: the session's next turn reports both kinds of
+    /// change, since the inspector cannot tell what it set aside.
+    pub(crate) fn inspect_checkpoint_failed(&self, name: &str) {
+        if let Err(e) = self.inspector.checkpoint_failed(name) {
+            tracing::warn!("inspector: {name}: {e}");
+        }
+    }
+
+    /// For the dump's post-dump callback, which runs on a blocking thread
+    /// while the session is still frozen.
+    pub(crate) fn inspector(&self) -> drums_inspect::Inspector {
+        self.inspector.clone()
     }
 }
 

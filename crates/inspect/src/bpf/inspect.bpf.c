@@ -131,6 +131,9 @@ const volatile unsigned int session_level = 2;
 
 struct session_val {
 	unsigned long long epoch; /* bumped by user space at each turn boundary */
+	/* Set while CRIU resumes the session after a dump: every process that
+	 * returns from a syscall then goes into `returned`. */
+	unsigned long long resuming;
 };
 
 struct {
@@ -139,6 +142,15 @@ struct {
 	__type(key, unsigned long long);
 	__type(value, struct session_val);
 } sessions SEC(".maps");
+
+/* Processes (tgids) that returned to user space while their session was
+ * resuming from a dump: they may have run code of their own since. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, unsigned int);
+	__type(value, unsigned char);
+} returned SEC(".maps");
 
 /* Events the ring buffer had no room for, per watched cgroup. Apart from
  * `sessions` because user space rewrites those values. */
@@ -345,8 +357,10 @@ static long walk_step(unsigned int i, struct walk *w)
  * leaf up to the task's root, each NUL-terminated, then an empty one. Mount
  * points are crossed as d_path does; the walk stops at the task's root, so the
  * path is relative to the session's root. */
-static __noinline unsigned int put_path(struct scratch *s, unsigned int off, int field,
-					struct dentry *d, struct vfsmount *mnt)
+/* Global, not static: verified once on its own rather than again at every
+ * call site, which kept sys_exit under the verifier's budget. */
+__noinline unsigned int put_path(struct scratch *s, unsigned int off, int field, unsigned long d,
+				 unsigned long mnt)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	unsigned int start = off;
@@ -356,9 +370,9 @@ static __noinline unsigned int put_path(struct scratch *s, unsigned int off, int
 	struct walk w = {
 		.s = s,
 		.off = off,
-		.d = d,
-		.mnt = mnt,
-		.m = (void *)mnt - bpf_core_field_offset(struct mount, mnt),
+		.d = (struct dentry *)d,
+		.mnt = (struct vfsmount *)mnt,
+		.m = (struct mount *)(mnt - bpf_core_field_offset(struct mount, mnt)),
 		.root_d = BPF_CORE_READ(t, fs, root.dentry),
 		.root_m = BPF_CORE_READ(t, fs, root.mnt),
 	};
@@ -397,6 +411,19 @@ static __always_inline struct file *fd_file(int fd)
 	if (!f)
 		return 0;
 	return bpf_core_cast(f, struct file);
+}
+
+/* A file on a kernel-internal mount (a memfd, SysV or anonymous shared
+ * memory, a pipe): no path of the session's file system, only memory of its
+ * processes, which a process checkpoint captures. MNT_NS_INTERNAL is
+ * ERR_PTR(-EINVAL). */
+static __always_inline int on_internal_mount(struct file *f)
+{
+	unsigned long mnt = (unsigned long)f->f_path.mnt;
+	struct mount *m = bpf_core_cast((void *)(mnt - bpf_core_field_offset(struct mount, mnt)),
+					struct mount);
+	long ns = (long)m->mnt_ns;
+	return ns == 0 || ns == -22;
 }
 
 static __always_inline unsigned int file_type(struct file *f)
@@ -454,7 +481,8 @@ static __always_inline int reported(unsigned long long cg, struct file *f, unsig
 static __always_inline unsigned int put_file_path(struct scratch *s, unsigned int off, int field,
 						  struct file *f)
 {
-	return put_path(s, off, field, BPF_CORE_READ(f, f_path.dentry), BPF_CORE_READ(f, f_path.mnt));
+	return put_path(s, off, field, (unsigned long)BPF_CORE_READ(f, f_path.dentry),
+			(unsigned long)BPF_CORE_READ(f, f_path.mnt));
 }
 
 /* A path argument: the user string, then the directory it is relative to
@@ -485,8 +513,8 @@ static __always_inline unsigned int put_at(struct scratch *s, unsigned int off, 
 	}
 	if (dfd == AT_FDCWD) {
 		struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-		return put_path(s, off, field + 1, BPF_CORE_READ(t, fs, pwd.dentry),
-				BPF_CORE_READ(t, fs, pwd.mnt));
+		return put_path(s, off, field + 1, (unsigned long)BPF_CORE_READ(t, fs, pwd.dentry),
+				(unsigned long)BPF_CORE_READ(t, fs, pwd.mnt));
 	}
 	struct file *f = fd_file(dfd);
 	if (!f) {
@@ -540,6 +568,8 @@ static __noinline int emit_fd(struct call *c, int once)
 	unsigned int type = file_type(f);
 	if (type != S_IFREG && !(type == S_IFDIR && !once))
 		return 0; /* pipes, sockets, ttys, devices: not file-system state */
+	if (on_internal_mount(f))
+		return 0;
 	if (once && reported(c->cg, f, v->epoch))
 		return 0;
 	struct scratch *s = begin(c->op, c->cg, v, c->ret);
@@ -562,7 +592,7 @@ static __noinline int emit_open(struct call *c)
 	if ((flags & O_ACCMODE) == 0 && !(flags & (O_CREAT | O_TRUNC)))
 		return 0; /* read-only */
 	struct file *f = fd_file(c->ret);
-	if (!f || file_type(f) != S_IFREG)
+	if (!f || file_type(f) != S_IFREG || on_internal_mount(f))
 		return 0; /* /dev/null and friends */
 	unsigned int fmode = f->f_mode;
 	/* A created file is always reported: whether it still exists at the
@@ -791,6 +821,17 @@ static __always_inline void describe(long id, struct pt_regs *regs, long ret, st
 	}
 }
 
+/* A subprogram, so that its branch does not double what the verifier walks
+ * in the caller. */
+static __noinline void note_return(struct session_val *v)
+{
+	if (v->resuming) {
+		unsigned int tgid = bpf_get_current_pid_tgid() >> 32;
+		unsigned char one = 1;
+		bpf_map_update_elem(&returned, &tgid, &one, BPF_ANY);
+	}
+}
+
 SEC("tp_btf/sys_exit")
 int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
@@ -798,7 +839,10 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	struct session_val *v = current_session(&cg);
 	struct call c = {};
 
-	if (!v || ret < 0)
+	if (!v)
+		return 0;
+	note_return(v);
+	if (ret < 0)
 		return 0;
 	c.v = v;
 	c.cg = cg;
