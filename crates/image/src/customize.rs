@@ -90,6 +90,7 @@ pub fn customize(rootfs: &Path) -> Result<(), ImageError> {
         RESEED_PTH.as_bytes(),
         0o644,
     )?;
+    compile_hook(rootfs)?;
 
     // Size: package lists and downloaded .debs are only needed while
     // installing. Lists go stale anyway (a session runs `apt-get update`,
@@ -101,6 +102,35 @@ pub fn customize(rootfs: &Path) -> Result<(), ImageError> {
     })?;
     // apt's binary caches are derived from the lists just removed.
     clear_dir(&rootfs.join("var/cache/apt"), |name| name.ends_with(".bin"))?;
+    Ok(())
+}
+
+/// Byte-compile the reseed hook with the image's own interpreter. Otherwise the
+/// first Python process of every session writes its `.pyc` into the session's
+/// upper layer: a real change, which the inspector reports, for nothing.
+/// Skipped in a tree without an executable python3 (installed later, it
+/// compiles the hook at its first run, in that session only).
+fn compile_hook(rootfs: &Path) -> Result<(), ImageError> {
+    let executable = fs::metadata(rootfs.join("usr/bin/python3"))
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if !executable {
+        return Ok(());
+    }
+    let module = format!("/{PYTHON_HOOK_DIR}/drums_reseed.py");
+    let out = std::process::Command::new("chroot")
+        .arg(rootfs)
+        .args(["python3", "-m", "py_compile", &module])
+        .output()
+        .map_err(|source| ImageError::Spawn {
+            program: "chroot".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(ImageError::Step {
+            step: format!("chroot python3 -m py_compile {module}"),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
     Ok(())
 }
 

@@ -9,8 +9,9 @@ use crate::ImageError;
 ///
 /// Bump this whenever `customize()` changes. History:
 /// - 1: the first customization (identity files, hosts, apt caches);
-/// - 2: the Python reseed hook (`drums_reseed.py` and its `.pth`).
-pub const RECIPE_REVISION: u32 = 2;
+/// - 2: the Python reseed hook (`drums_reseed.py` and its `.pth`);
+/// - 3: the hook byte-compiled at build time, so no session writes its `.pyc`.
+pub const RECIPE_REVISION: u32 = 3;
 
 /// What goes into an image: everything that, when changed, requires a rebuild.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,12 +264,12 @@ mod tests {
     /// The default image's hash: a change rebuilds every host's default image,
     /// so it must be deliberate. (The empty `pip` and `desktop` fields never
     /// entered it; python3-pip did, for coding agents and the inspector's
-    /// corpus.)
+    /// corpus, and revision 3.)
     #[test]
     fn headless_hash_changes_only_deliberately() {
         assert_eq!(
             Recipe::headless().hash(),
-            "c6676780a61fd185aee075606e16bf0cd71f8d71c72a72aca222f2d2d53f3b43"
+            "b862e7b24ff578e1a3e2dcdb978460bdb2399a8d23addf24de02ab701b35563f"
         );
     }
 
