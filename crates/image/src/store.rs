@@ -1044,7 +1044,9 @@ W: not an info line";
         assert!(args.contains("--variant=minbase"), "{args}");
         assert!(args.contains(&format!("--arch={}", host_arch())), "{args}");
         assert!(
-            args.contains("--include=python3,python3-pip,procps,iproute2,git,sudo,ca-certificates,less"),
+            args.contains(
+                "--include=python3,python3-pip,procps,iproute2,git,sudo,ca-certificates,less"
+            ),
             "{args}"
         );
         assert!(

@@ -615,27 +615,11 @@ impl Watch {
             } else {
                 continue;
             };
-            processes.push(Found {
-                host_pid: k.0,
-                effect: ProcessEffect {
-                    pid: p.ns_pid,
-                    comm: p.comm.clone(),
-                    change: change.into(),
-                    exe: window.execs.get(&k.0).cloned(),
-                },
-            });
+            processes.push(process_effect(k, p, change, window.execs.get(&k.0)));
         }
         for (k, p) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
             if !now.procs.contains_key(k) {
-                processes.push(Found {
-                    host_pid: k.0,
-                    effect: ProcessEffect {
-                        pid: p.ns_pid,
-                        comm: p.comm.clone(),
-                        change: "exited".into(),
-                        exe: None,
-                    },
-                });
+                processes.push(process_effect(k, p, "exited", None));
             }
         }
         for (tgid, comm) in &window.ipc {
@@ -685,6 +669,23 @@ impl Watch {
 struct Found<T> {
     host_pid: u32,
     effect: T,
+}
+
+fn process_effect(
+    k: &Key,
+    p: &procs::Proc,
+    change: &str,
+    exe: Option<&String>,
+) -> Found<ProcessEffect> {
+    Found {
+        host_pid: k.0,
+        effect: ProcessEffect {
+            pid: p.ns_pid,
+            comm: p.comm.clone(),
+            change: change.into(),
+            exe: exe.cloned(),
+        },
+    }
 }
 
 /// drums' own processes in a session: its init stages and its guest agent

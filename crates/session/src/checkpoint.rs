@@ -35,16 +35,7 @@ impl Manager {
     }
 
     pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
-        let rec = self.record(&req.session)?;
-        let pid = match (rec.state.as_str(), rec.init_pid) {
-            ("running", Some(pid)) => pid,
-            _ => {
-                return Err(SessionError::Invalid(format!(
-                    "session {} is {}, not running",
-                    rec.name, rec.state
-                )))
-            }
-        };
+        let (rec, pid) = self.running(&req.session)?;
         if let Some(n) = &req.name {
             validate_name(n)?;
         }

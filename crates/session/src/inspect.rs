@@ -25,16 +25,7 @@ pub fn session_level(cgroup_parent: &str) -> u32 {
 
 impl Manager {
     fn inspect_target(&self, id_or_name: &str) -> Result<Target, SessionError> {
-        let rec = self.record(id_or_name)?;
-        let pid = match (rec.state.as_str(), rec.init_pid) {
-            ("running", Some(pid)) => pid,
-            _ => {
-                return Err(SessionError::Invalid(format!(
-                    "session {} is {}, not running",
-                    rec.name, rec.state
-                )))
-            }
-        };
+        let (rec, pid) = self.running(id_or_name)?;
         let cgroup_id = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id)
             .id()
             .ok_or_else(|| {

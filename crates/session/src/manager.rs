@@ -244,6 +244,18 @@ impl Manager {
         self.record(id_or_name).map(to_api)
     }
 
+    /// A session that must be running, with its init's pid.
+    pub(crate) fn running(&self, id_or_name: &str) -> Result<(SessionRecord, i32), SessionError> {
+        let rec = self.record(id_or_name)?;
+        match (rec.state.as_str(), rec.init_pid) {
+            ("running", Some(pid)) => Ok((rec, pid)),
+            _ => Err(SessionError::Invalid(format!(
+                "session {} is {}, not running",
+                rec.name, rec.state
+            ))),
+        }
+    }
+
     pub(crate) fn record(&self, id_or_name: &str) -> Result<SessionRecord, SessionError> {
         self.catalog
             .session(id_or_name)?
