@@ -132,6 +132,27 @@ fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
         let e = turn(&d, "insp", "ls / >/dev/null").await;
         assert_eq!(e.class, TurnClass::None, "after a checkpoint: {e:#?}");
 
+        // A checkpoint that fails after the inspector set its events aside:
+        // the inspector cannot vouch for that window, so the turn says both.
+        for point in ["checkpoint.criu", "checkpoint.snapshot"] {
+            d.arm(Some(point)).await;
+            let req = drums_api::CreateCheckpoint {
+                session: "insp".into(),
+                name: None,
+                clean: false,
+                leave_running: true,
+            };
+            d.client
+                .call(Method::POST, "/v1/checkpoints", Some(&req))
+                .await
+                .expect_err(point);
+            let e = turn(&d, "insp", "ls / >/dev/null").await;
+            assert_eq!(e.class, TurnClass::Both, "after a failed checkpoint ({point}): {e:#?}");
+            assert!(e.files.iter().any(|f| f.path.contains("checkpoint failed")), "{e:#?}");
+            let e = turn(&d, "insp", "ls / >/dev/null").await;
+            assert_eq!(e.class, TurnClass::None, "and then back to normal: {e:#?}");
+        }
+
         let err = d
             .client
             .json::<AgentMarked>(
@@ -152,7 +173,7 @@ fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(lines.len(), 7, "{streamed}");
+        assert_eq!(lines.len(), 11, "{streamed}");
         assert_eq!(lines[0], first);
         let out = follower.wait_with_output().unwrap();
         assert!(out.status.success());
