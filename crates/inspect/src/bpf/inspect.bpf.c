@@ -233,7 +233,6 @@ static __always_inline struct scratch *begin(unsigned short op, unsigned long lo
 	s->h.op = op;
 	s->h.flags = 0;
 	s->h.cgroup = cg;
-	s->h.ktime = bpf_ktime_get_ns();
 	s->h.epoch = v->epoch;
 	s->h.pid = (unsigned int)pid_tgid;
 	s->h.tgid = pid_tgid >> 32;
@@ -305,27 +304,50 @@ struct walk {
 	struct dentry *d;
 	struct vfsmount *mnt;
 	struct mount *m;
+	struct dentry *mnt_root; /* of mnt: read once per mount, not per step */
 	struct dentry *root_d;
 	struct vfsmount *root_m;
 	int done;
 };
 
-/* One step of put_path's walk; a bpf_loop callback, so it is verified once. */
+/* A dentry's parent and name pointer, read in one probe read when they sit
+ * together (d_parent, then d_name's hash_len and name, as in every kernel
+ * since 3.x); CO-RE gives the offsets, and a layout that differs costs two. */
+struct dentry_head {
+	struct dentry *parent;
+	unsigned long long hash_len;
+	const unsigned char *name;
+};
+
+static __always_inline void read_head(struct dentry *d, struct dentry_head *h)
+{
+	unsigned long po = bpf_core_field_offset(struct dentry, d_parent);
+	unsigned long no = bpf_core_field_offset(struct dentry, d_name.name);
+	if (no == po + 16) {
+		bpf_probe_read_kernel(h, sizeof(*h), (void *)d + po);
+	} else {
+		h->parent = BPF_CORE_READ(d, d_parent);
+		h->name = BPF_CORE_READ(d, d_name.name);
+	}
+}
+
+/* One step of put_path's walk; a bpf_loop callback, so it is verified once.
+ * Two helper calls a component: this runs for every path reported. */
 static long walk_step(unsigned int i, struct walk *w)
 {
 	/* Locals, not w->...: BPF_CORE_READ on an expression through our own
 	 * struct would ask for a relocation the kernel's BTF cannot satisfy. */
 	struct scratch *s = w->s;
 	struct dentry *d = w->d;
-	struct vfsmount *mnt = w->mnt;
 	struct mount *m = w->m;
+	struct dentry_head h;
 
-	if (d == w->root_d && mnt == w->root_m) {
+	if (d == w->root_d && w->mnt == w->root_m) {
 		w->done = 1;
 		return 1;
 	}
-	struct dentry *parent = BPF_CORE_READ(d, d_parent);
-	if (d == BPF_CORE_READ(mnt, mnt_root) || d == parent) {
+	read_head(d, &h);
+	if (d == w->mnt_root || d == h.parent) {
 		struct mount *pm = BPF_CORE_READ(m, mnt_parent);
 		if (pm == m) {
 			w->done = 1; /* the top of the mount namespace */
@@ -334,6 +356,7 @@ static long walk_step(unsigned int i, struct walk *w)
 		w->d = BPF_CORE_READ(m, mnt_mountpoint);
 		w->m = pm;
 		w->mnt = &pm->mnt;
+		w->mnt_root = BPF_CORE_READ(pm, mnt.mnt_root);
 		return 0;
 	}
 	if (w->off >= DATA_HALF) {
@@ -341,15 +364,14 @@ static long walk_step(unsigned int i, struct walk *w)
 		w->done = 1;
 		return 1;
 	}
-	const unsigned char *name = BPF_CORE_READ(d, d_name.name);
-	long n = bpf_probe_read_kernel_str(&s->data[w->off & (DATA_HALF - 1)], NAME_LEN, name);
+	long n = bpf_probe_read_kernel_str(&s->data[w->off & (DATA_HALF - 1)], NAME_LEN, h.name);
 	if (n <= 1) {
 		s->h.flags |= F_UNREADABLE;
 		w->done = 1;
 		return 1;
 	}
 	w->off += n;
-	w->d = parent;
+	w->d = h.parent;
 	return 0;
 }
 
@@ -373,6 +395,7 @@ __noinline unsigned int put_path(struct scratch *s, unsigned int off, int field,
 		.d = (struct dentry *)d,
 		.mnt = (struct vfsmount *)mnt,
 		.m = (struct mount *)(mnt - bpf_core_field_offset(struct mount, mnt)),
+		.mnt_root = BPF_CORE_READ((struct vfsmount *)mnt, mnt_root),
 		.root_d = BPF_CORE_READ(t, fs, root.dentry),
 		.root_m = BPF_CORE_READ(t, fs, root.mnt),
 	};

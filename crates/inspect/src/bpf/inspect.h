@@ -52,7 +52,6 @@ struct event_hdr {
 	unsigned short op;
 	unsigned int flags;
 	unsigned long long cgroup;
-	unsigned long long ktime;
 	unsigned long long epoch; /* the cgroup's epoch when the event happened */
 	unsigned int pid;  /* thread id */
 	unsigned int tgid; /* process id */
