@@ -147,8 +147,15 @@ fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
                 .await
                 .expect_err(point);
             let e = turn(&d, "insp", "ls / >/dev/null").await;
-            assert_eq!(e.class, TurnClass::Both, "after a failed checkpoint ({point}): {e:#?}");
-            assert!(e.files.iter().any(|f| f.path.contains("checkpoint failed")), "{e:#?}");
+            assert_eq!(
+                e.class,
+                TurnClass::Both,
+                "after a failed checkpoint ({point}): {e:#?}"
+            );
+            assert!(
+                e.files.iter().any(|f| f.path.contains("checkpoint failed")),
+                "{e:#?}"
+            );
             let e = turn(&d, "insp", "ls / >/dev/null").await;
             assert_eq!(e.class, TurnClass::None, "and then back to normal: {e:#?}");
         }
