@@ -100,14 +100,25 @@ async fn seconds(c: &Client, s: &Session, script: &str) -> Result<f64, Failure> 
 struct Stats {
     p50: f64,
     p95: f64,
+    /// In round order, for paired comparisons.
+    rounds: Vec<f64>,
 }
 
-fn stats(mut v: Vec<f64>) -> Stats {
+fn stats(rounds: Vec<f64>) -> Stats {
+    let mut v = rounds.clone();
     v.sort_by(|a, b| a.total_cmp(b));
     Stats {
         p50: percentile(&v, 50.0),
         p95: percentile(&v, 95.0),
+        rounds,
     }
+}
+
+/// The median over rounds of with/without within the same round: steadier
+/// than a ratio of medians when the machine's speed drifts during the run.
+fn paired(on: &Stats, off: &Stats) -> f64 {
+    let r: Vec<f64> = on.rounds.iter().zip(&off.rounds).map(|(a, b)| a / b).collect();
+    pct(&r, 50.0)
 }
 
 pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
@@ -126,9 +137,11 @@ pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
             "rounds": n,
             "overhead": {
                 "file_loop": {"without": arm(&file_off), "with": arm(&file_on),
-                               "ratio_p50": ratio(&file_on, &file_off)},
+                               "ratio_p50": ratio(&file_on, &file_off),
+                               "ratio_paired_median": paired(&file_on, &file_off)},
                 "fork_exec_loop": {"without": arm(&fork_off), "with": arm(&fork_on),
-                                    "ratio_p50": ratio(&fork_on, &fork_off)},
+                                    "ratio_p50": ratio(&fork_on, &fork_off),
+                                    "ratio_paired_median": paired(&fork_on, &fork_off)},
             },
             "turn_end_latency": {
                 "turns": server.len(),
@@ -146,12 +159,13 @@ pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
                 format!("{:.3} / {:.3}", off.p50, off.p95),
                 format!("{:.3} / {:.3}", on.p50, on.p95),
                 format!("{:+.1}%", (ratio(on, off) - 1.0) * 100.0),
+                format!("{:+.1}%", (paired(on, off) - 1.0) * 100.0),
             ]
         };
         print!(
             "{}",
             table::render(
-                &["workload", "without", "with", "slowdown (p50)"],
+                &["workload", "without", "with", "slowdown (p50)", "(paired)"],
                 &[
                     row("20000 x create+write+unlink", &file_off, &file_on),
                     row("300 x fork+exec", &fork_off, &fork_on),
