@@ -156,7 +156,7 @@ impl Inspector {
     pub fn turn_begin(&self, target: &Target) -> Result<u64, InspectError> {
         let mut st = self.state();
         if !st.watches.contains_key(&target.session) {
-            self.watch(&mut st, target)?;
+            st = self.watch_or_unload(st, target)?;
         }
         let w = st.watches.get_mut(&target.session).expect("watched above");
         if w.open {
@@ -168,6 +168,26 @@ impl Inspector {
         w.turn += 1;
         w.open = true;
         Ok(w.turn)
+    }
+
+    /// Watch a session; if that fails with nothing else watched, unload the
+    /// programs again rather than leave them attached for nobody.
+    fn watch_or_unload<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        target: &Target,
+    ) -> Result<MutexGuard<'a, State>, InspectError> {
+        let Err(e) = self.watch(&mut st, target) else {
+            return Ok(st);
+        };
+        let unloaded = if st.watches.is_empty() {
+            st.loaded.take()
+        } else {
+            None
+        };
+        drop(st);
+        finish_unload(unloaded);
+        Err(e)
     }
 
     fn watch(&self, st: &mut State, target: &Target) -> Result<(), InspectError> {
@@ -310,7 +330,7 @@ impl Inspector {
     pub fn mark_agent(&self, target: &Target, ns_pid: i32) -> Result<Vec<i32>, InspectError> {
         let mut st = self.state();
         if !st.watches.contains_key(&target.session) {
-            self.watch(&mut st, target)?;
+            st = self.watch_or_unload(st, target)?;
         }
         let tasks = st.loaded.as_ref().expect("watched").progs.tasks()?;
         let w = st.watches.get_mut(&target.session).expect("watched");

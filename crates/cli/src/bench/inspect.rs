@@ -117,7 +117,12 @@ fn stats(rounds: Vec<f64>) -> Stats {
 /// The median over rounds of with/without within the same round: steadier
 /// than a ratio of medians when the machine's speed drifts during the run.
 fn paired(on: &Stats, off: &Stats) -> f64 {
-    let r: Vec<f64> = on.rounds.iter().zip(&off.rounds).map(|(a, b)| a / b).collect();
+    let r: Vec<f64> = on
+        .rounds
+        .iter()
+        .zip(&off.rounds)
+        .map(|(a, b)| a / b)
+        .collect();
     pct(&r, 50.0)
 }
 
