@@ -16,24 +16,31 @@
 //! that could not be read, events the ring buffer dropped, upper-layer changes
 //! no event explains) is reported as a change. Missing a change breaks
 //! recovery; a false alarm costs one checkpoint.
+//!
+//! Modules: `bpf` (the loaded programs and their maps), `event` (decoding
+//! their records), `window` (a window's file events and the net-effect
+//! rules), `procs` (process snapshots), `watch` (one watched session, and how
+//! its window closes into a turn's effects); this file holds the public API.
 
 mod bpf;
 mod event;
 mod procs;
+mod watch;
 mod window;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use drums_api::{DirtiedProcess, FileEffect, ProcessEffect, TurnClass, TurnEffects};
+use drums_api::TurnEffects;
 
 use crate::bpf::{Programs, Queue};
 use crate::event::{Event, Op};
-use crate::procs::{Key, Snapshot};
+use crate::procs::Snapshot;
+use crate::watch::{infrastructure, Watch};
 use crate::window::{Holders, Window};
 
 /// The most run time a process may use while CRIU resumes it and still count
@@ -108,29 +115,6 @@ struct Loaded {
     undecodable_seen: u64,
     wake: OwnedFd,
     drain: Option<JoinHandle<()>>,
-}
-
-struct Watch {
-    target: Target,
-    /// The number of the last turn begun; `open` while it runs.
-    turn: u64,
-    open: bool,
-    /// Events stamped with a later epoch belong to the next window.
-    epoch: u64,
-    window: Window,
-    next: Window,
-    holders: Holders,
-    /// The processes at the last boundary.
-    baseline: Snapshot,
-    /// drums' own processes and marked agents: not tracked as processes.
-    excluded: BTreeSet<Key>,
-    lost: u64,
-    /// Events of this epoch are a checkpoint's own doing (CRIU's parasite
-    /// runs inside every process, mapping memory and writing its log).
-    discard_epoch: Option<u64>,
-    generation: Option<u64>,
-    /// File events since the upper layer's generation last moved.
-    events_since_generation: u64,
 }
 
 impl Inspector {
@@ -530,243 +514,4 @@ impl State {
         }
         Ok(())
     }
-}
-
-impl Watch {
-    /// Close the window at a boundary whose processes are `now`.
-    fn close(&mut self, now: Snapshot) -> TurnEffects {
-        let mut window = std::mem::take(&mut self.window);
-        self.window = std::mem::take(&mut self.next);
-        self.open = false;
-
-        // The upper layer's btrfs generation moves when its subvolume is
-        // committed, up to 30 s after a write: a move with no file event since
-        // the previous move is a change the events missed.
-        self.events_since_generation += window.file_events;
-        if let Some(sv) = self.target.subvolume.as_deref() {
-            if let Ok(g) = drums_store::subvolume_generation(sv) {
-                if self.generation.is_some_and(|old| old != g) {
-                    if self.events_since_generation == 0 {
-                        window.unknown(
-                            format!("(the upper layer changed with no traced event: generation {} to {g})",
-                                self.generation.unwrap_or(0)),
-                            Op::Opaque,
-                            "inspector",
-                        );
-                    }
-                    // This window's writes may be in a later commit.
-                    self.events_since_generation = window.file_events;
-                }
-                self.generation = Some(g);
-            }
-        }
-
-        let (mut processes, dirtied) = self.process_effects(&now, &window);
-        if window.poisoned {
-            processes.push(Found {
-                host_pid: 0,
-                effect: ProcessEffect {
-                    pid: 0,
-                    comm: "(unknown: a checkpoint failed)".into(),
-                    change: "unknown".into(),
-                    exe: None,
-                },
-            });
-        }
-        self.holders.retain(|tgid| now.key_of(tgid).is_some());
-        let root = format!("/proc/{}/root", self.target.root_pid);
-        let root_fd = std::fs::File::open(&root).ok();
-        let mut files = window.effects(|p| exists(root_fd.as_ref(), p));
-        files.retain(|f| {
-            !self
-                .target
-                .ignore
-                .iter()
-                .any(|i| f.path == *i || (i.ends_with('/') && f.path.starts_with(i.as_str())))
-        });
-        // Whatever a process holding a shared mapping or an io_uring could
-        // have written, if it ran.
-        let ran: BTreeSet<u32> = dirtied
-            .iter()
-            .map(|d| d.host_pid)
-            .chain(processes.iter().map(|p| p.host_pid))
-            .collect();
-        for tgid in ran {
-            if let Some(held) = self.holders.of(tgid) {
-                for h in held {
-                    files.push(FileEffect {
-                        path: h.clone(),
-                        change: "unknown".into(),
-                        ops: vec!["ran".into()],
-                        by: vec![format!("[{tgid}]")],
-                    });
-                }
-            }
-        }
-        self.baseline = now;
-        let processes: Vec<ProcessEffect> = processes.into_iter().map(|p| p.effect).collect();
-        let dirtied: Vec<DirtiedProcess> = dirtied.into_iter().map(|d| d.effect).collect();
-        TurnEffects {
-            session: self.target.session.clone(),
-            turn: self.turn,
-            class: TurnClass::of(
-                !files.is_empty(),
-                !processes.is_empty() || !dirtied.is_empty(),
-            ),
-            files,
-            processes,
-            dirtied,
-            latency_us: 0,
-        }
-    }
-
-    fn process_effects(
-        &self,
-        now: &Snapshot,
-        window: &Window,
-    ) -> (Vec<Found<ProcessEffect>>, Vec<Found<DirtiedProcess>>) {
-        let tracked = |k: &Key| !self.excluded.contains(k);
-        let mut processes = Vec::new();
-        for (k, p) in now.procs.iter().filter(|(k, _)| tracked(k)) {
-            let change = if !self.baseline.procs.contains_key(k) {
-                "spawned"
-            } else if window.execs.contains_key(&k.0) {
-                "exec"
-            } else {
-                continue;
-            };
-            processes.push(process_effect(k, p, change, window.execs.get(&k.0)));
-        }
-        for (k, p) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
-            if !now.procs.contains_key(k) {
-                processes.push(process_effect(k, p, "exited", None));
-            }
-        }
-        for (tgid, comm) in &window.ipc {
-            processes.push(Found {
-                host_pid: *tgid,
-                effect: ProcessEffect {
-                    pid: now
-                        .key_of(*tgid)
-                        .or_else(|| self.baseline.key_of(*tgid))
-                        .and_then(|k| now.procs.get(&k).or_else(|| self.baseline.procs.get(&k)))
-                        .map_or(0, |p| p.ns_pid),
-                    comm: comm.clone(),
-                    change: "ipc".into(),
-                    exe: None,
-                },
-            });
-        }
-        let written: BTreeMap<u32, u32> = window.memwrites.iter().copied().collect();
-        let mut dirtied = Vec::new();
-        for (k, before) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
-            let Some(after) = now.procs.get(k) else {
-                continue;
-            };
-            let reason = if after.ran_since(before) {
-                "ran".to_owned()
-            } else if let Some(by) = written.get(&k.0) {
-                format!("written by [{by}]")
-            } else {
-                continue;
-            };
-            dirtied.push(Found {
-                host_pid: k.0,
-                effect: DirtiedProcess {
-                    pid: after.ns_pid,
-                    comm: after.comm.clone(),
-                    cpu_us: after.runtime_ns.saturating_sub(before.runtime_ns) / 1000,
-                    faults: after.faults.saturating_sub(before.faults),
-                    reason,
-                },
-            });
-        }
-        (processes, dirtied)
-    }
-}
-
-/// An effect, with the host pid it was found under.
-struct Found<T> {
-    host_pid: u32,
-    effect: T,
-}
-
-fn process_effect(
-    k: &Key,
-    p: &procs::Proc,
-    change: &str,
-    exe: Option<&String>,
-) -> Found<ProcessEffect> {
-    Found {
-        host_pid: k.0,
-        effect: ProcessEffect {
-            pid: p.ns_pid,
-            comm: p.comm.clone(),
-            change: change.into(),
-            exe: exe.cloned(),
-        },
-    }
-}
-
-/// drums' own processes in a session: its init stages and its guest agent
-/// (the guest's children are the session's work, and are tracked).
-fn infrastructure(s: &Snapshot) -> BTreeSet<Key> {
-    let init: BTreeSet<u32> = s
-        .procs
-        .iter()
-        .filter(|(_, p)| p.comm == "drums-init")
-        .map(|(k, _)| k.0)
-        .collect();
-    s.procs
-        .iter()
-        .filter(|(_, p)| {
-            p.comm == "drums-init" || (p.comm == "drums-guest" && init.contains(&p.ppid))
-        })
-        .map(|(k, _)| *k)
-        .collect()
-}
-
-/// Does `path` exist in the session, looked up from its root the way the
-/// session's processes would (symlinks stay inside), without following a final
-/// symlink. Any answer but "no such file" counts as existing.
-fn exists(root: Option<&std::fs::File>, path: &str) -> bool {
-    let Some(root) = root else { return true };
-    let rel = path.trim_start_matches('/');
-    let rel = if rel.is_empty() { "." } else { rel };
-    let Ok(c) = std::ffi::CString::new(rel) else {
-        return true;
-    };
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_IN_ROOT: u64 = 0x10;
-    let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: openat2 with a valid dirfd, a NUL-terminated path and an
-    // open_how of the size passed; the returned fd is closed below.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd >= 0 {
-        // SAFETY: fd was just returned by openat2 and is ours.
-        unsafe { libc::close(fd as i32) };
-        return true;
-    }
-    !matches!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::ENOENT) | Some(libc::ENOTDIR)
-    )
 }
