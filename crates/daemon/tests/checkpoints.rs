@@ -3,17 +3,9 @@
 
 mod common;
 
-use common::{assert_schema, TestDaemon};
+use common::{assert_schema, run, TestDaemon};
 use drums_api::{Checkpoint, CreateCheckpoint, CreateSession, Session};
 use hyper::Method;
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 /// A server whose answers depend on its RNG, seeded identically before the
 /// checkpoint: without hygiene every sibling would answer the same.
@@ -122,11 +114,7 @@ fn three_siblings_serve_and_are_not_clones() {
         );
         // The audit: isolated, not clones, and the Python draws were measured.
         let (a, b) = (&r.sessions[0].id, &r.sessions[1].id);
-        let rep: serde_json::Value = d
-            .client
-            .json(Method::GET, &format!("/v1/audit?a={a}&b={b}"), None::<&()>)
-            .await
-            .unwrap();
+        let rep: serde_json::Value = d.audit(a, b).await;
         assert_schema("AuditReport", &rep);
         assert_eq!(rep["passed"], true, "{rep:#}");
         let py = rep["clone"]

@@ -11,17 +11,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::TestDaemon;
+use common::{run, TestDaemon};
 use drums_api::CreateSession;
 use hyper::Method;
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn require_desktop_image() {
     let img = common::images_dir().join("desktop/image.json");
@@ -128,11 +120,7 @@ fn clean_desktop_siblings_are_ready_and_not_clones() {
         );
 
         let (a, b) = (&r.sessions[0].id, &r.sessions[1].id);
-        let audit: drums_api::AuditReport = d
-            .client
-            .json(Method::GET, &format!("/v1/audit?a={a}&b={b}"), None::<&()>)
-            .await
-            .unwrap();
+        let audit: drums_api::AuditReport = d.audit(a, b).await;
         assert!(audit.passed, "{audit:#?}");
         assert!(
             audit
@@ -366,11 +354,7 @@ fn desktop_failures_leave_nothing() {
         let b = math_random(r.sessions[1].ip.as_deref().unwrap()).await;
         assert_eq!(a, b, "without --clean the renderer is the checkpointed one");
         let (x, y) = (&r.sessions[0].id, &r.sessions[1].id);
-        let audit: drums_api::AuditReport = d
-            .client
-            .json(Method::GET, &format!("/v1/audit?a={x}&b={y}"), None::<&()>)
-            .await
-            .unwrap();
+        let audit: drums_api::AuditReport = d.audit(x, y).await;
         assert!(
             audit
                 .identical_by_design

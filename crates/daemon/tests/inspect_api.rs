@@ -10,15 +10,6 @@ use drums_api::{AgentMarked, CreateSession, MarkAgent, TurnClass, TurnEffects};
 use http_body_util::BodyExt;
 use hyper::Method;
 
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 async fn turn(d: &TestDaemon, s: &str, script: &str) -> TurnEffects {
     d.client
         .call(
@@ -43,9 +34,10 @@ async fn turn(d: &TestDaemon, s: &str, script: &str) -> TurnEffects {
     e
 }
 
-#[test]
-fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
-    run(async {
+// Multi-threaded: the stream reader runs while the test blocks on the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
+    {
         let mut d = TestDaemon::start();
         let s = d
             .create(&CreateSession {
@@ -194,5 +186,5 @@ fn streams_turns_excludes_the_agent_and_survives_a_checkpoint() {
         );
 
         d.stop_and_check_leaks();
-    });
+    }
 }

@@ -3,17 +3,9 @@
 
 mod common;
 
-use common::{assert_schema, TestDaemon};
+use common::{assert_schema, run, TestDaemon};
 use drums_api::{CreateSession, Limits};
 use hyper::Method;
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 /// 20 sessions created, used and removed in a loop, two alive at a time: each
 /// sees only its own processes, hostname, network and files.

@@ -8,17 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::TestDaemon;
+use common::{run, TestDaemon};
 use drums_api::{CheckpointList, Session, SessionList};
 use hyper::Method;
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 /// vmrun is another package's binary, so Cargo gives this crate no
 /// CARGO_BIN_EXE for it: it is found beside drumsd, as the other binaries are.

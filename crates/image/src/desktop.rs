@@ -145,6 +145,17 @@ pub fn apply(rootfs: &Path, pip: &[String], log: &Path) -> Result<(), ImageError
     Ok(())
 }
 
+/// The build log, appended to, as a child's stdout and stderr.
+fn log_to(log: &Path) -> Result<(fs::File, fs::File), ImageError> {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .ctx("open", log)?;
+    let err = out.try_clone().ctx("open", log)?;
+    Ok((out, err))
+}
+
 /// Downloads the pinned packages with the host's pip, which is configured
 /// for this machine's package index (proxy, certificate authority), then
 /// installs them inside the tree from that directory alone. The image gets
@@ -154,12 +165,7 @@ fn install_pip(rootfs: &Path, pip: &[String], log: &Path) -> Result<(), ImageErr
     let dir = rootfs.join(dir_in_tree);
     fs::create_dir_all(&dir).ctx("create directory", &dir)?;
     let result = (|| {
-        let out = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .ctx("open", log)?;
-        let err = out.try_clone().ctx("open", log)?;
+        let (out, err) = log_to(log)?;
         let status = Command::new("python3")
             .args([
                 "-m",
@@ -223,12 +229,7 @@ fn chroot(
     log: &Path,
 ) -> Result<(), ImageError> {
     use std::io::Write;
-    let out = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .ctx("open", log)?;
-    let err = out.try_clone().ctx("open", log)?;
+    let (out, err) = log_to(log)?;
     let mut child = Command::new("chroot")
         .arg(rootfs)
         .args(argv)

@@ -315,14 +315,22 @@ pub(crate) fn parse_command(
     })
 }
 
+/// The JSON body of a command endpoint and the command it names, or the
+/// original's error reply.
+fn command_request(
+    cfg: &OsworldConfig,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Map<String, Value>, CommandLine), Response> {
+    let data = json_object(headers, body)?;
+    let cl = parse_command(cfg, &data)?;
+    Ok((data, cl))
+}
+
 /// POST /execute and /setup/execute.
 pub(crate) async fn execute(st: State, headers: HeaderMap, body: Bytes) -> Response {
-    let data = match json_object(&headers, &body) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    let cl = match parse_command(&st.cfg, &data) {
-        Ok(c) => c,
+    let (_, cl) = match command_request(&st.cfg, &headers, &body) {
+        Ok(r) => r,
         Err(r) => return r,
     };
     match run(
@@ -354,12 +362,8 @@ pub(crate) async fn execute_with_verification(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let data = match json_object(&headers, &body) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    let cl = match parse_command(&st.cfg, &data) {
-        Ok(c) => c,
+    let (data, cl) = match command_request(&st.cfg, &headers, &body) {
+        Ok(r) => r,
         Err(r) => return r,
     };
     let verification = match data.get("verification") {
@@ -442,12 +446,8 @@ pub(crate) async fn execute_with_verification(
 
 /// POST /setup/launch: start and return at once.
 pub(crate) async fn launch(st: State, headers: HeaderMap, body: Bytes) -> Response {
-    let data = match json_object(&headers, &body) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    let cl = match parse_command(&st.cfg, &data) {
-        Ok(c) => c,
+    let (_, cl) = match command_request(&st.cfg, &headers, &body) {
+        Ok(r) => r,
         Err(r) => return r,
     };
     match spawn_detached(&st.cfg, &cl.argv[0], &cl.argv[1..]) {

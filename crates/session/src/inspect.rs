@@ -81,12 +81,6 @@ impl Manager {
         Ok(())
     }
 
-    pub fn is_inspected(&self, id_or_name: &str) -> bool {
-        self.record(id_or_name)
-            .map(|r| self.inspector.is_watching(&r.name))
-            .unwrap_or(false)
-    }
-
     pub fn subscribe_turns(&self) -> tokio::sync::broadcast::Receiver<TurnNews> {
         self.turns.subscribe()
     }

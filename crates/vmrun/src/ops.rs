@@ -404,18 +404,8 @@ pub async fn revert(ctx: &Ctx, vm: &Vm<'_>, snap: &str) -> Result<Outcome, OpErr
     let running = ctx.settled(&vm.at, name).await?.is_some();
     ctx.check_owner(vm, &reg, running)?;
     if running {
-        match ctx
-            .client
-            .call(
-                Method::DELETE,
-                &format!("/v1/sessions/{}", enc(name)),
-                None::<&()>,
-            )
-            .await
-        {
-            Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
-            Err(e) => return Err(ctx.api(&vm.at, format!("remove session {name:?}"))(e)),
-        }
+        // Gone meanwhile is as good as removed.
+        remove_session(ctx, vm).await?;
     }
     let req = RestoreRequest {
         count: 1,
@@ -444,6 +434,19 @@ pub async fn revert(ctx: &Ctx, vm: &Vm<'_>, snap: &str) -> Result<Outcome, OpErr
 pub async fn stop(ctx: &Ctx, vm: &Vm<'_>) -> Result<Outcome, OpError> {
     let name = &vm.spec.name;
     let _lock = ctx.registry.lock_vm(name).map_err(ctx.reg(&vm.at))?;
+    if remove_session(ctx, vm).await? {
+        Ok(Outcome::empty())
+    } else {
+        Err(OpError::NotRunning {
+            at: vm.at.clone(),
+            session: name.clone(),
+        })
+    }
+}
+
+/// Remove the VM's session: whether there was one to remove.
+async fn remove_session(ctx: &Ctx, vm: &Vm<'_>) -> Result<bool, OpError> {
+    let name = &vm.spec.name;
     match ctx
         .client
         .call(
@@ -453,11 +456,8 @@ pub async fn stop(ctx: &Ctx, vm: &Vm<'_>) -> Result<Outcome, OpError> {
         )
         .await
     {
-        Ok(_) => Ok(Outcome::empty()),
-        Err(ClientError::Api { status: 404, .. }) => Err(OpError::NotRunning {
-            at: vm.at.clone(),
-            session: name.clone(),
-        }),
+        Ok(_) => Ok(true),
+        Err(ClientError::Api { status: 404, .. }) => Ok(false),
         Err(e) => Err(ctx.api(&vm.at, format!("remove session {name:?}"))(e)),
     }
 }

@@ -17,6 +17,15 @@ use hyper::Method;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Run a test's async body on a runtime of its own.
+pub fn run<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -339,6 +348,14 @@ impl TestDaemon {
                 Some(&drums_api::RestoreRequest { count, name: None }),
             )
             .await
+    }
+
+    /// `GET /v1/audit` of two sessions, as `T` (the typed report or raw JSON).
+    pub async fn audit<T: serde::de::DeserializeOwned>(&self, a: &str, b: &str) -> T {
+        self.client
+            .json(Method::GET, &format!("/v1/audit?a={a}&b={b}"), None::<&()>)
+            .await
+            .unwrap_or_else(|e| panic!("audit {a} {b}: {e}"))
     }
 
     pub async fn rm(&self, id: &str) -> Result<(), drums_api::ClientError> {

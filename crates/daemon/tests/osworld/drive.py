@@ -13,25 +13,9 @@ import importlib.util
 import json
 import pathlib
 import sys
-import types
 
 
-def stand_in(name, **attrs):
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
-
-
-def unavailable(*_a, **_k):
-    raise RuntimeError("not installed in the drums test environment")
-
-
-stand_in("playwright")
-stand_in("playwright.sync_api", sync_playwright=unavailable, TimeoutError=TimeoutError)
-stand_in("pydrive")
-stand_in("pydrive.auth", GoogleAuth=unavailable)
-stand_in("pydrive.drive", GoogleDrive=unavailable, GoogleDriveFile=object, GoogleDriveFileList=object)
+from standins import stand_in, unavailable  # noqa: E402  (playwright, pydrive)
 stand_in("desktop_env.evaluators.metrics.utils", compare_urls=unavailable)
 
 from desktop_env.controllers.python import PythonController  # noqa: E402

@@ -11,25 +11,9 @@ no evaluator is run here. DesktopEnv itself runs as published.
 """
 import json
 import sys
-import types
 
 
-def stand_in(name, **attrs):
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
-
-
-def unavailable(*_a, **_k):
-    raise RuntimeError("not installed in the drums test environment")
-
-
-stand_in("playwright")
-stand_in("playwright.sync_api", sync_playwright=unavailable, TimeoutError=TimeoutError)
-stand_in("pydrive")
-stand_in("pydrive.auth", GoogleAuth=unavailable)
-stand_in("pydrive.drive", GoogleDrive=unavailable, GoogleDriveFile=object, GoogleDriveFileList=object)
+from standins import stand_in, unavailable  # noqa: E402  (playwright, pydrive)
 evaluators = stand_in("desktop_env.evaluators")
 evaluators.__path__ = []
 evaluators.metrics = stand_in("desktop_env.evaluators.metrics", exact_match=unavailable)
