@@ -25,6 +25,7 @@ fi
 # network lock), iproute2 (debugging only; drums itself speaks netlink).
 # CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
 # eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
+# libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
 # Desktop tests on the host (the screen and OSWorld crates drive a real X
 # server): xvfb xdotool wmctrl x11-xserver-utils ffmpeg; python3-venv for the
 # OSWorld client's virtualenv.
@@ -35,6 +36,7 @@ packages=(
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
   python3-protobuf
   clang llvm libelf-dev zlib1g-dev bpftool
+  libseccomp-dev
   xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
 )
 missing=()

@@ -25,6 +25,11 @@ pub struct CreateSession {
     /// `bridge` (default) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// Run without the session's confinement (all capabilities, no seccomp
+    /// filter, /proc and /sys unmasked and writable, every device), as
+    /// Podman's `--privileged`. Only ever on when asked for by name.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub privileged: bool,
 }
 
 /// What a desktop session shows when it starts.
@@ -72,6 +77,9 @@ pub struct Session {
     /// The checkpoint this session was restored from.
     #[serde(default)]
     pub origin: Option<String>,
+    /// Runs without confinement (see `CreateSession::privileged`).
+    #[serde(default)]
+    pub privileged: bool,
 }
 
 /// `GET /v1/sessions/{id}/stats`: what the session's cgroup accounts.

@@ -17,10 +17,16 @@ use serde::{Deserialize, Serialize};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
+    #[error("chmod 0600 {path}")]
+    Chmod {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("open catalog {path}")]
     Open {
         path: String,
@@ -131,6 +137,8 @@ pub struct SessionRecord {
     pub generation: u64,
     /// The checkpoint this session was restored from, if any.
     pub origin: Option<String>,
+    /// Runs without the session's confinement (`--privileged`).
+    pub privileged: bool,
 }
 
 /// An IPv4 pool to allocate session addresses from: `base` is the network
@@ -152,6 +160,12 @@ impl Catalog {
             source,
         };
         let conn = Connection::open(path).map_err(open_err)?;
+        // Root's alone; SQLite gives its -wal and -shm files the same mode.
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|source| CatalogError::Chmod {
+                path: path.display().to_string(),
+                source,
+            })?;
         // WAL: readers (ps, get) never wait for a writer; synchronous=FULL because a
         // ledger row that is lost in a power cut is a resource that leaks.
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -312,11 +326,12 @@ impl Catalog {
             ));
         }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, privileged)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
-                rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin
+                rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin,
+                rec.privileged
             ],
         )
         .map_err(sql("insert session"))?;
@@ -493,7 +508,7 @@ fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<
     Ok(rec)
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin FROM sessions";
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, privileged FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -514,6 +529,7 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             created_at_ms: r.get(11)?,
             generation: r.get::<_, i64>(12)? as u64,
             origin: r.get(13)?,
+            privileged: r.get(14)?,
         },
         r.get(9)?,
     ))
@@ -587,6 +603,15 @@ fn migrate(conn: &Connection) -> Result<()> {
         )
         .map_err(sql("migrate to schema 2"))?;
     }
+    if version < 3 {
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE sessions ADD COLUMN privileged INTEGER NOT NULL DEFAULT 0;
+             PRAGMA user_version = 3;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 3"))?;
+    }
     Ok(())
 }
 
@@ -617,6 +642,7 @@ mod tests {
             created_at_ms: 1,
             generation: 0,
             origin: None,
+            privileged: false,
         }
     }
 
@@ -715,7 +741,20 @@ mod tests {
             .conn()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(v, 2);
+        assert_eq!(v, SCHEMA_VERSION);
+        // Schema 3's column is there, with its default.
+        let privileged: i64 = c
+            .conn()
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'privileged'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(privileged, 1);
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&p).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "catalog.db is root's alone");
     }
 
     #[test]
@@ -730,7 +769,7 @@ mod tests {
         let e = Catalog::open(&p).err().unwrap();
         assert_eq!(
             e.to_string(),
-            "catalog schema version 99 is newer than this drums supports (2)"
+            "catalog schema version 99 is newer than this drums supports (3)"
         );
     }
 }

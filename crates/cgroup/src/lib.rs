@@ -11,6 +11,7 @@
 //! list of its directories; [`Cgroup::open`] rebuilds that list from the names,
 //! which is how the daemon cleans up after a crash.
 
+pub mod devices;
 mod limits;
 
 use std::collections::BTreeSet;
@@ -25,6 +26,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
 
+pub use devices::Devices;
 pub use limits::{host_cpus, Limits, LimitsError, MAX_PIDS, MIN_CPUS, MIN_MEMORY_BYTES};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -104,6 +106,8 @@ enum Kind {
     Pids,
     Cpu,
     Freezer,
+    /// The v1 devices controller: the session's device allow-list.
+    Devices,
     /// The controller-less v2 hierarchy of a hybrid host: membership and cgroup id.
     Unified,
 }
@@ -126,6 +130,7 @@ fn hierarchies() -> Vec<(Kind, PathBuf)> {
         (Kind::Pids, "pids"),
         (Kind::Cpu, "cpu"),
         (Kind::Freezer, "freezer"),
+        (Kind::Devices, "devices"),
     ] {
         if let Some(mount) = pick_mount(&mounts, controller) {
             found.push((kind, mount));
@@ -205,7 +210,12 @@ impl Cgroup {
     /// Create `<parent>/<name>` in every hierarchy and apply `limits`. The parent is
     /// created when missing; the session directory must not exist yet. On failure
     /// the directories created so far are removed again.
-    pub fn create(parent: &str, name: &str, limits: &Limits) -> Result<Cgroup, CgroupError> {
+    pub fn create(
+        parent: &str,
+        name: &str,
+        limits: &Limits,
+        devices: Devices,
+    ) -> Result<Cgroup, CgroupError> {
         check_name(parent)?;
         check_name(name)?;
         limits.validate()?;
@@ -216,7 +226,12 @@ impl Cgroup {
         check_controllers(&hierarchies, limits)?;
 
         let mut cgroup = Cgroup { dirs: Vec::new() };
-        match cgroup.build(&hierarchies, parent, name, limits) {
+        if devices == Devices::AllowList && !hierarchies.iter().any(|(k, _)| *k == Kind::Devices) {
+            // A v2-only host needs an eBPF device program instead, which
+            // drums does not load yet (docs/security.md).
+            tracing::warn!("no v1 devices controller: the device allow-list is not enforced");
+        }
+        match cgroup.build(&hierarchies, parent, name, limits, devices) {
             Ok(()) => {
                 tracing::debug!(parent, name, ?limits, "created cgroup");
                 Ok(cgroup)
@@ -240,6 +255,7 @@ impl Cgroup {
         parent: &str,
         name: &str,
         limits: &Limits,
+        devices: Devices,
     ) -> Result<(), CgroupError> {
         for (kind, mount) in hierarchies {
             let parent_dir = mount.join(parent);
@@ -254,6 +270,9 @@ impl Cgroup {
             mkdir(&dir, false)?;
             self.dirs.push((*kind, dir.clone()));
             apply_limits(*kind, &dir, limits)?;
+            if *kind == Kind::Devices {
+                apply_devices(&dir, devices)?;
+            }
         }
         Ok(())
     }
@@ -603,7 +622,14 @@ fn apply_limits(kind: Kind, dir: &Path, limits: &Limits) -> Result<(), CgroupErr
                 write_file(&dir.join("cpu.cfs_quota_us"), &quota)?;
             }
         }
-        Kind::Freezer | Kind::Unified => {}
+        Kind::Freezer | Kind::Devices | Kind::Unified => {}
+    }
+    Ok(())
+}
+
+fn apply_devices(dir: &Path, policy: Devices) -> Result<(), CgroupError> {
+    for (file, rule) in devices::v1_writes(policy) {
+        write_file(&dir.join(file), rule)?;
     }
     Ok(())
 }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drums_cgroup::{list_children, remove_parent, Cgroup, CgroupError, Limits, LimitsError};
+use drums_cgroup::{
+    list_children, remove_parent, Cgroup, CgroupError, Devices, Limits, LimitsError,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -103,7 +105,7 @@ fn lifecycle_limits_membership_kill_and_removal() {
         pids_max: Some(512),
         cpus: Some(0.5),
     };
-    let cg = Cgroup::create(&parent, "s1", &limits).unwrap();
+    let cg = Cgroup::create(&parent, "s1", &limits, Devices::AllowList).unwrap();
     assert!(cg.exists());
     assert_eq!(list_children(&parent), vec!["s1".to_owned()]);
 
@@ -226,7 +228,7 @@ fn failed_create_removes_what_it_made() {
     let last = planned.last().unwrap().clone();
     std::fs::create_dir_all(&last).unwrap();
 
-    let err = Cgroup::create(&parent, "s", &Limits::default()).unwrap_err();
+    let err = Cgroup::create(&parent, "s", &Limits::default(), Devices::AllowList).unwrap_err();
     match &err {
         CgroupError::CreateDir { path, source } => {
             assert_eq!(path, &last);
@@ -279,7 +281,7 @@ fn remove_parent_keeps_a_parent_with_children() {
         parent: parent.clone(),
         children: Vec::new(),
     };
-    let a = Cgroup::create(&parent, "a", &Limits::default()).unwrap();
+    let a = Cgroup::create(&parent, "a", &Limits::default(), Devices::AllowList).unwrap();
     let b = Cgroup::create(
         &parent,
         "b",
@@ -287,6 +289,7 @@ fn remove_parent_keeps_a_parent_with_children() {
             pids_max: Some(10),
             ..Limits::default()
         },
+        Devices::AllowList,
     )
     .unwrap();
     assert_eq!(list_children(&parent), vec!["a".to_owned(), "b".to_owned()]);
@@ -303,7 +306,8 @@ fn remove_parent_keeps_a_parent_with_children() {
 #[test]
 fn create_rejects_bad_names_and_limits() {
     let parent = unique_parent();
-    let err = Cgroup::create(&parent, "../escape", &Limits::default()).unwrap_err();
+    let err =
+        Cgroup::create(&parent, "../escape", &Limits::default(), Devices::AllowList).unwrap_err();
     assert!(matches!(err, CgroupError::InvalidName { .. }), "{err}");
     let err = Cgroup::create(
         &parent,
@@ -312,6 +316,7 @@ fn create_rejects_bad_names_and_limits() {
             memory_bytes: Some(1000),
             ..Limits::default()
         },
+        Devices::AllowList,
     )
     .unwrap_err();
     assert_eq!(
@@ -428,7 +433,7 @@ fn v1_kill_uses_the_freezer_for_forking_processes() {
         parent: parent.clone(),
         children: Vec::new(),
     };
-    let cg = Cgroup::create(&parent, "f", &Limits::default()).unwrap();
+    let cg = Cgroup::create(&parent, "f", &Limits::default(), Devices::AllowList).unwrap();
     let forker = spawn(&["sh", "-c", FORKER]);
     let pid = forker.id() as i32;
     cleanup.children.push(forker);
@@ -466,7 +471,7 @@ fn pids_max_bounds_a_fork_loop() {
         pids_max: Some(16),
         ..Limits::default()
     };
-    let cg = Cgroup::create(&parent, "p", &limits).unwrap();
+    let cg = Cgroup::create(&parent, "p", &limits, Devices::AllowList).unwrap();
     // Join before exec, like the session runtime does, so no fork escapes.
     let procs = cg.procs_files();
     let mut command = Command::new("sh");

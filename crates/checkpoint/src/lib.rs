@@ -161,6 +161,12 @@ pub struct SourceSession {
     pub limits: serde_json::Value,
     /// The restore generation the session itself was at (0 if cold).
     pub generation: u64,
+    /// The session ran without its confinement; its siblings do too (the
+    /// CRIU images hold its full capabilities and no seccomp filter, so a
+    /// confined sibling could not be made of them). Absent in older
+    /// manifests, which were all taken before confinement existed: false.
+    #[serde(default)]
+    pub privileged: bool,
 }
 
 /// `manifest.json`.
@@ -384,6 +390,7 @@ mod tests {
                 network: "bridge".into(),
                 limits: serde_json::json!({}),
                 generation: 0,
+                privileged: false,
             },
             host: host(),
             clean: false,

@@ -133,6 +133,11 @@ pub struct CreateArgs {
     /// bridge (own address, reachable from the host, no egress) or none.
     #[arg(long)]
     pub network: Option<String>,
+    /// Run without confinement: every capability, no seccomp filter, /proc
+    /// and /sys writable, every device. For sessions that need it; never a
+    /// default (docs/security.md).
+    #[arg(long)]
+    pub privileged: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -27,6 +27,13 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let cfg = args.manager_config()?;
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("create state directory {}", cfg.state_dir.display()))?;
+    // Root's alone: it holds images with setuid programs, the catalog, CRIU
+    // images (code that runs as root) and the sessions' files.
+    std::fs::set_permissions(
+        &cfg.state_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .with_context(|| format!("chmod 0700 {}", cfg.state_dir.display()))?;
     let _lock = lock::acquire(&cfg.state_dir)?;
     // Restored process trees (and each session's PID 1, once drums-init's stage 0
     // exits) become our children, so we can reap them.

@@ -355,10 +355,16 @@ fn set_identity(config: &HygieneConfig, req: &HygieneRequest) -> Result<(), Hygi
         Err(e) => return Err(io_err("read", &hostname_file)(e)),
     }
 
-    nix::unistd::sethostname(&req.hostname).map_err(|source| HygieneError::SetHostname {
-        name: req.hostname.clone(),
-        source,
-    })?;
+    // drumsd sets a confined session's hostname from outside (the session
+    // holds no CAP_SYS_ADMIN); only a session where it was not set yet needs
+    // the call, and may fail it.
+    let current = nix::unistd::gethostname().ok();
+    if current.as_deref().and_then(|h| h.to_str()) != Some(req.hostname.as_str()) {
+        nix::unistd::sethostname(&req.hostname).map_err(|source| HygieneError::SetHostname {
+            name: req.hostname.clone(),
+            source,
+        })?;
+    }
     write_atomic(
         &hostname_file,
         format!("{}\n", req.hostname).as_bytes(),

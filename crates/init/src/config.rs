@@ -26,6 +26,11 @@ pub struct InitConfig {
     pub root: PathBuf,
     /// Host directory holding drums-init and drums-guest, bind-mounted read-only.
     pub bin_dir: PathBuf,
+    /// Turns off the session's confinement: capabilities, seccomp, the
+    /// masked and read-only /proc and /sys paths, and the device allow-list
+    /// (`drums create --privileged`, as Podman's). Off unless asked for.
+    #[serde(default)]
+    pub privileged: bool,
     /// Test-only: fail at this step ("init.cgroup", "init.unshare", "init.mount",
     /// "init.pivot", "init.exec").
     #[serde(default)]

@@ -19,8 +19,10 @@
 //!   agent and reaps orphans. It logs to `/run/drums/init.log` inside the session,
 //!   never to a host file (CRIU refuses to restore a growing host log).
 
+pub mod capabilities;
 pub mod config;
 pub mod root;
+pub mod seccomp;
 pub mod stage;
 
 pub use config::{InitConfig, Report};
@@ -53,6 +55,10 @@ pub enum InitError {
         #[source]
         source: nix::Error,
     },
+    #[error(transparent)]
+    Caps(#[from] capabilities::CapsError),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
     #[error("injected fault at {0}")]
     Injected(String),
     #[error("drumsd closed the control pipe before the network was ready")]

@@ -101,14 +101,16 @@ pub fn mount_plan(cfg: &InitConfig) -> Vec<MountStep> {
             r.join("dev/shm"),
             Some("tmpfs"),
             nosuid_nodev,
-            Some("mode=1777"),
+            // Sized like every tmpfs here (its pages are charged to the
+            // session's memory cgroup too); Docker's 64 MiB starves Chromium.
+            Some("mode=1777,size=256m"),
         ),
         step(
             "tmpfs",
             r.join("run"),
             Some("tmpfs"),
             nosuid_nodev,
-            Some("mode=755"),
+            Some("mode=755,size=64m"),
         ),
         step(
             &cfg.bin_dir.display().to_string(),
@@ -126,6 +128,78 @@ pub fn mount_plan(cfg: &InitConfig) -> Vec<MountStep> {
             data: None,
         },
     ]
+}
+
+/// /proc files a session must not read (kernel memory, the host's keys and
+/// timers): each is hidden under a bind of the session's /dev/null, as runc
+/// does.
+pub const MASKED_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+];
+
+/// Directories that describe or drive host hardware: each is hidden under an
+/// empty read-only tmpfs.
+pub const MASKED_DIRS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// /proc paths that are host-global knobs (sysctls, IRQ affinity, the SysRq
+/// trigger): read-only, so even a session's root cannot write them.
+pub const READ_ONLY: &[&str] = &[
+    "/proc/asound",
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The confinement mounts, applied after [`mount_plan`] unless the session is
+/// privileged. A target that does not exist on this kernel is skipped, as
+/// runc skips it: there is nothing to hide.
+pub fn confine_plan(cfg: &InitConfig) -> Vec<MountStep> {
+    let r = &cfg.root;
+    let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let mut plan = Vec::new();
+    let null = join_abs(r, "/dev/null").display().to_string();
+    for f in MASKED_FILES {
+        plan.push(step(&null, join_abs(r, f), None, MsFlags::MS_BIND, None));
+    }
+    for d in MASKED_DIRS {
+        plan.push(step(
+            "tmpfs",
+            join_abs(r, d),
+            Some("tmpfs"),
+            hidden | MsFlags::MS_RDONLY,
+            Some("size=4k,mode=555"),
+        ));
+    }
+    for p in READ_ONLY {
+        let t = join_abs(r, p);
+        plan.push(step(
+            &t.display().to_string(),
+            t.clone(),
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        ));
+        plan.push(MountStep {
+            source: None,
+            target: t,
+            fstype: None,
+            flags: MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | hidden,
+            data: None,
+        });
+    }
+    plan
 }
 
 fn join_abs(root: &Path, abs: &str) -> PathBuf {
@@ -158,6 +232,22 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
         )?;
         if s.fstype.as_deref() == Some("tmpfs") && s.target.ends_with("dev") {
             populate_dev(sys, &s.target)?;
+        }
+    }
+    if !cfg.privileged {
+        for s in confine_plan(cfg) {
+            // symlink_metadata: a target must exist, and is never followed
+            // out of the tree (these are all kernel file systems anyway).
+            if s.target.symlink_metadata().is_err() {
+                continue;
+            }
+            sys.mount(
+                s.source.as_deref(),
+                &s.target,
+                s.fstype.as_deref(),
+                s.flags,
+                s.data.as_deref(),
+            )?;
         }
     }
     write_identity(cfg)?;
@@ -244,6 +334,7 @@ mod tests {
             work: "/sv/work".into(),
             root: "/r".into(),
             bin_dir: "/bin-host".into(),
+            privileged: false,
             fault: None,
         }
     }
@@ -274,6 +365,44 @@ mod tests {
                 .contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY),
             "binaries end read-only"
         );
+    }
+
+    #[test]
+    fn confinement_hides_and_locks_what_runc_does_inside_the_root() {
+        let plan = confine_plan(&cfg());
+        for s in &plan {
+            assert!(
+                s.target.starts_with("/r/"),
+                "{:?} outside the root",
+                s.target
+            );
+        }
+        let null = plan
+            .iter()
+            .find(|s| s.target == Path::new("/r/proc/keys"))
+            .unwrap();
+        assert_eq!(null.source.as_deref(), Some("/r/dev/null"));
+        // Each read-only path: a bind of itself, then the remount that makes
+        // it read-only (a bind ignores MS_RDONLY on creation).
+        for p in READ_ONLY {
+            let t = join_abs(Path::new("/r"), p);
+            let i = plan
+                .iter()
+                .position(|s| s.target == t && s.source.is_some())
+                .unwrap();
+            assert!(plan[i + 1]
+                .flags
+                .contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY));
+            assert_eq!(plan[i + 1].target, t);
+        }
+        assert!(READ_ONLY.contains(&"/proc/sys"));
+        assert!(MASKED_FILES.contains(&"/proc/kcore"));
+        // Every tmpfs of the session has a size.
+        for s in mount_plan(&cfg()).iter().chain(&plan) {
+            if s.fstype.as_deref() == Some("tmpfs") {
+                assert!(s.data.as_deref().unwrap_or("").contains("size="), "{s:?}");
+            }
+        }
     }
 
     #[test]

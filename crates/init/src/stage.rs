@@ -96,16 +96,29 @@ fn run_stage0(cfg: &InitConfig) -> Result<ForkResult, InitError> {
     // memory-management flags and nothing else.
     unsafe { libc::prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) };
     cfg.check_fault("init.unshare")?;
-    LinuxSyscall.unshare(
-        CloneFlags::CLONE_NEWNS
-            | CloneFlags::CLONE_NEWUTS
-            | CloneFlags::CLONE_NEWIPC
-            | CloneFlags::CLONE_NEWNET
-            | CloneFlags::CLONE_NEWPID,
-    )?;
+    LinuxSyscall.unshare(namespaces())?;
     // SAFETY: drums-init is single-threaded here (no runtime, no threads
     // spawned), so the child may run arbitrary code after fork.
     unsafe { nix::unistd::fork() }.map_err(|source| InitError::Nix { op: "fork", source })
+}
+
+/// The namespaces a session gets.
+///
+/// No cgroup namespace, although runc makes one on cgroup v2: CRIU 4.2.1
+/// restores a tree whose threads live in a cgroup namespace only when it
+/// manages cgroups itself (its cgroupd moves every thread through a cgroup
+/// "yard" it mounts only then: "cgroupd: Can't move thread ... into
+/// blkio//"), and managing them would put siblings back into the original
+/// session's cgroups. What a cgroup namespace would guard is guarded by the
+/// capability set and the seccomp filter: a session cannot mount cgroupfs,
+/// and cannot write the cgroup files of /sys (read-only) or move itself.
+/// See docs/security.md.
+pub fn namespaces() -> CloneFlags {
+    CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWPID
 }
 
 /// Stage 1, PID 1 of the new namespaces.
@@ -139,6 +152,14 @@ fn run_stage1(cfg: &InitConfig) -> Result<Infallible, InitError> {
         .map_err(io("open", "/dev/null"))?
         .into();
     let exe = CString::new(format!("{BIN_DIR}/drums-init")).expect("static path has no NUL");
+    // Last before the exec, and before `ok` so a failure is still reported:
+    // the bounding set becomes every session process's capabilities at the
+    // exec below, and the seccomp filter is inherited by all of them (what
+    // remains to do here, dup2 and close_range, is allowed by both).
+    if !cfg.privileged {
+        crate::capabilities::restrict()?;
+        crate::seccomp::install()?;
+    }
     report(&Report::Ok);
     // Nothing of the host may stay open: CRIU cannot dump an fd that points
     // outside the session (the probe's "Can't lookup mount=24 for fd=10").

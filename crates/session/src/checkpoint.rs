@@ -211,6 +211,7 @@ impl Manager {
                 network: rec.network.clone(),
                 limits: rec.limits.clone(),
                 generation: rec.generation,
+                privileged: rec.privileged,
             },
             host: self.host.clone(),
             clean: req.clean,

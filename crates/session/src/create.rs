@@ -38,6 +38,7 @@ impl Manager {
             created_at_ms: drums_catalog::now_ms(),
             generation: 0,
             origin: None,
+            privileged: spec.privileged,
         };
         let pool = (spec.network == Network::Bridge).then(|| self.pool());
         // Reserves the name and the address atomically.
@@ -82,8 +83,9 @@ impl Manager {
             cpus: spec.limits.cpus,
         };
         let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
+        let devices = crate::spec::devices(spec.privileged);
         let cg = tokio::task::spawn_blocking(move || {
-            drums_cgroup::Cgroup::create(&parent, &name, &limits)
+            drums_cgroup::Cgroup::create(&parent, &name, &limits, devices)
         })
         .await
         .expect("no panic")?;
@@ -99,6 +101,7 @@ impl Manager {
             work: sv.join("work"),
             root: dir.join("root"),
             bin_dir: self.bin_dir.clone(),
+            privileged: spec.privileged,
             fault: self.faults.for_init(),
         };
         self.faults.check("create.spawn")?;

@@ -368,6 +368,7 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         created_at_ms: r.created_at_ms,
         generation: r.generation,
         origin: r.origin,
+        privileged: r.privileged,
     }
 }
 

@@ -121,6 +121,7 @@ impl Manager {
             created_at_ms: drums_catalog::now_ms(),
             generation: m.session.generation + 1,
             origin: Some(m.id.clone()),
+            privileged: m.session.privileged,
         };
         let pool = (rec.network == "bridge").then(|| self.pool());
         let rec = self.catalog.insert_session(rec, pool)?;
@@ -163,8 +164,9 @@ impl Manager {
             cpus: limits.cpus,
         };
         let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
+        let devices = crate::spec::devices(m.session.privileged);
         let cg = tokio::task::spawn_blocking(move || {
-            drums_cgroup::Cgroup::create(&parent, &name, &limits)
+            drums_cgroup::Cgroup::create(&parent, &name, &limits, devices)
         })
         .await
         .expect("no panic")?;
@@ -301,6 +303,13 @@ impl Manager {
         pid: i32,
         clean: bool,
     ) -> Result<(), SessionError> {
+        // The kernel's half of the new identity, from outside (the session
+        // holds no CAP_SYS_ADMIN); the guest rewrites the files and reseeds.
+        let (p, h) = (pid, rec.hostname.clone());
+        tokio::task::spawn_blocking(move || drums_sys::set_hostname_in(p, &h))
+            .await
+            .expect("no panic")
+            .map_err(|e| SessionError::Hygiene(crate::error_chain(&e)))?;
         let body = serde_json::json!({
             "hostname": rec.hostname,
             "machine_id": random_hex(16),

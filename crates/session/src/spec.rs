@@ -35,6 +35,7 @@ pub struct Spec {
     pub network: Network,
     /// Set for the desktop profile (with defaults filled in).
     pub desktop: Option<DesktopSpec>,
+    pub privileged: bool,
 }
 
 /// What the guest agent starts the desktop with.
@@ -125,7 +126,18 @@ impl Spec {
             limits: req.limits.clone(),
             network,
             desktop,
+            privileged: req.privileged,
         })
+    }
+}
+
+/// The device policy of a session: runc's allow-list, or every device for a
+/// privileged one.
+pub fn devices(privileged: bool) -> drums_cgroup::Devices {
+    if privileged {
+        drums_cgroup::Devices::All
+    } else {
+        drums_cgroup::Devices::AllowList
     }
 }
 

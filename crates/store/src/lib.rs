@@ -203,8 +203,10 @@ impl Store {
             &root,
             Some("btrfs"),
             // Without noatime every read would dirty metadata and so unshare it
-            // from the snapshots that checkpoints take.
-            MsFlags::MS_NOATIME,
+            // from the snapshots that checkpoints take. nosuid and nodev: the
+            // store holds what sessions wrote, and no setuid file or device
+            // node a session made may work for anyone on the host.
+            MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             None::<&str>,
         )
         .map_err(|errno| StoreError::Mount {

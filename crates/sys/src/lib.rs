@@ -84,6 +84,37 @@ impl Syscall for LinuxSyscall {
     }
 }
 
+/// Set the hostname of the UTS namespace that process `pid` is in, from a
+/// thread of this process that joins that namespace and then ends.
+///
+/// This is how a restored sibling gets its hostname: the session itself holds
+/// no CAP_SYS_ADMIN, so nothing inside it can. The namespace is opened by pid
+/// through /proc/PID/ns, a kernel object the session cannot redirect.
+pub fn set_hostname_in(pid: i32, name: &str) -> Result<()> {
+    let ns = format!("/proc/{pid}/ns/uts");
+    let name = name.to_owned();
+    let target = ns.clone();
+    std::thread::spawn(move || -> Result<()> {
+        let fd = nix::fcntl::open(
+            ns.as_str(),
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err("open", ns.clone()))?;
+        // SAFETY: `fd` was just opened and is owned here; OwnedFd closes it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // Only this thread changes namespace, and it ends right after.
+        nix::sched::setns(&fd, CloneFlags::CLONE_NEWUTS).map_err(err("setns", ns.clone()))?;
+        nix::unistd::sethostname(&name).map_err(err("sethostname", name.clone()))
+    })
+    .join()
+    .unwrap_or(Err(SysError {
+        op: "set hostname in",
+        target,
+        source: nix::Error::EIO,
+    }))
+}
+
 /// One recorded call, with the arguments that matter for checking a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {

@@ -97,6 +97,8 @@ impl Spec {
             image: self.image.clone(),
             limits: self.limits.clone(),
             network: self.network.clone(),
+            // A VM is never privileged: vmrun drives untrusted desktops.
+            privileged: false,
         }
     }
 }
