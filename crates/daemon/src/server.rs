@@ -228,6 +228,8 @@ async fn fork(
     b: Bytes,
 ) -> Result<impl IntoResponse> {
     let req = restore_request("fork", &b)?;
+    // Refused before the checkpoint, which would otherwise be left behind.
+    drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
             session: id,
@@ -406,7 +408,7 @@ async fn to_guest(
 /// connection, which is how a cancelled exec stops its command.
 async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Response> {
     let session = m.get(id)?;
-    let client = drums_api::Client::new(m.guest_socket(&session)?);
+    let client = m.guest_proxy(&session)?;
     let (parts, body) = req.into_parts();
     let mut out = hyper::Request::builder()
         .method(parts.method)

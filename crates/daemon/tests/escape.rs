@@ -311,3 +311,56 @@ fn desktop_session_and_its_restored_sibling_cannot_escape() {
     });
     d.stop_and_check_leaks();
 }
+
+/// A session owns every name below its root. Made a symlink to a host
+/// socket, its guest socket must not lead drumsd (root on the host) there:
+/// drumsd resolves it inside the session's root.
+#[test]
+fn a_session_cannot_point_drumsds_guest_calls_at_a_host_socket() {
+    let mut d = TestDaemon::start();
+    let host = tempfile::tempdir().unwrap();
+    let host_sock = host.path().join("host-service.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    run(async {
+        let s = d.create(&CreateSession::default()).await.unwrap();
+        let (code, _, err) = d.sh(
+            &s.id,
+            &format!(
+                "rm /run/drums/guest.sock && ln -s {} /run/drums/guest.sock",
+                host_sock.display()
+            ),
+        );
+        assert_eq!(code, 0, "{err}");
+        // The guest agent keeps running, but drumsd no longer reaches it, and
+        // never reaches the host's socket instead.
+        let o = d.drums(&["exec", &s.id, "--", "true"]);
+        assert!(!o.status.success(), "exec went somewhere");
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "drumsd connected to the host's socket through the session's symlink"
+        );
+        // A fork with a bad count is refused before its checkpoint is taken.
+        let e = d
+            .client
+            .call(
+                hyper::Method::POST,
+                &format!("/v1/sessions/{}/fork", s.id),
+                Some(&drums_api::RestoreRequest {
+                    count: 0,
+                    name: None,
+                }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Some("bad_request"), "{e}");
+        let cks: drums_api::CheckpointList = d
+            .client
+            .json(hyper::Method::GET, "/v1/checkpoints", None::<&()>)
+            .await
+            .unwrap();
+        assert!(cks.checkpoints.is_empty(), "{:?}", cks.checkpoints);
+        d.rm(&s.id).await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}

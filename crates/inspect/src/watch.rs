@@ -2,7 +2,6 @@
 //! closes into a turn's effects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::AsRawFd;
 
 use drums_api::{DirtiedProcess, FileEffect, ProcessEffect, TurnClass, TurnEffects};
 
@@ -235,40 +234,12 @@ fn exists(root: Option<&std::fs::File>, path: &str) -> bool {
     let Some(root) = root else { return true };
     let rel = path.trim_start_matches('/');
     let rel = if rel.is_empty() { "." } else { rel };
-    let Ok(c) = std::ffi::CString::new(rel) else {
-        return true;
-    };
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
+    match drums_sys::open_in_root_fd(
+        std::os::fd::AsFd::as_fd(root),
+        std::path::Path::new(rel),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_NOFOLLOW,
+    ) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)),
     }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_IN_ROOT: u64 = 0x10;
-    let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: openat2 with a valid dirfd, a NUL-terminated path and an
-    // open_how of the size passed; the returned fd is closed below.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd >= 0 {
-        // SAFETY: fd was just returned by openat2 and is ours.
-        unsafe { libc::close(fd as i32) };
-        return true;
-    }
-    !matches!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::ENOENT) | Some(libc::ENOTDIR)
-    )
 }

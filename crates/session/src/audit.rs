@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use drums_api::{AuditCheck, AuditReport, ExecRequest};
 use serde::Serialize;
 
-use crate::manager::{guest_socket, Manager};
+use crate::manager::{guest_client, Manager};
 use crate::SessionError;
 
 /// Namespaces a session has, and whether drums gives it its own.
@@ -147,7 +147,7 @@ impl Manager {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             ..Default::default()
         };
-        let client = drums_api::Client::new(guest_socket(pid));
+        let client = guest_client(pid);
         let Ok(resp) = client
             .call(hyper::Method::POST, "/v1/exec", Some(&req))
             .await

@@ -12,7 +12,7 @@ use drums_init::{InitConfig, Report};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
 
-use crate::manager::{guest_socket, Manager};
+use crate::manager::{guest_client, Manager};
 use crate::spec::{hostname_for, DesktopSpec, Network, Spec};
 use crate::{io, process, SessionError};
 
@@ -139,7 +139,7 @@ impl Manager {
     /// The desktop profile: the guest agent starts Xvfb, dbus, openbox and
     /// Chromium and answers when the desktop is agent-ready.
     async fn start_desktop(&self, pid: i32, desktop: &DesktopSpec) -> Result<(), SessionError> {
-        let client = drums_api::Client::new(guest_socket(pid));
+        let client = guest_client(pid);
         let _: serde_json::Value = client
             .json(hyper::Method::POST, "/v1/desktop", Some(desktop))
             .await
@@ -187,7 +187,7 @@ impl Manager {
     /// Ready means the guest agent answers its health check. The socket appears
     /// only when the agent listens, so a failed connect costs microseconds.
     async fn wait_ready(&self, id: &str, pid: i32) -> Result<(), SessionError> {
-        let client = drums_api::Client::new(guest_socket(pid));
+        let client = guest_client(pid);
         let start = Instant::now();
         loop {
             if client
@@ -206,9 +206,30 @@ impl Manager {
                 });
             }
             if start.elapsed() > self.cfg.ready_timeout {
-                let log =
-                    std::fs::read_to_string(format!("/proc/{pid}/root{}", drums_init::INIT_LOG))
-                        .unwrap_or_default();
+                // The session's own file: read inside its root, never through
+                // a symlink it made, never a FIFO that would block drumsd
+                // (O_NONBLOCK, then a regular file only), and at most 64 KiB.
+                let log = drums_sys::open_in_root(
+                    &crate::manager::session_root(pid),
+                    std::path::Path::new(drums_init::INIT_LOG),
+                    nix::fcntl::OFlag::O_RDONLY
+                        | nix::fcntl::OFlag::O_NOFOLLOW
+                        | nix::fcntl::OFlag::O_NONBLOCK,
+                )
+                .ok()
+                .filter(|fd| {
+                    nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(fd))
+                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+                })
+                .map(|fd| {
+                    let mut text = String::new();
+                    let _ = std::io::Read::read_to_string(
+                        &mut std::io::Read::take(std::fs::File::from(fd), 64 << 10),
+                        &mut text,
+                    );
+                    text
+                })
+                .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
                 let detail = if tail.is_empty() {
                     String::new()

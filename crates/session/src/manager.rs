@@ -272,11 +272,15 @@ impl Manager {
         })
     }
 
-    /// The guest agent's socket of a running session, reached through its init's
-    /// view of the file system.
-    pub fn guest_socket(&self, s: &Session) -> Result<PathBuf, SessionError> {
+    /// A client of a running session's guest agent for requests passed
+    /// through from the API (exec, files): the socket resolved inside the
+    /// session's root, an error body read only up to [`GUEST_MAX_BODY`], and
+    /// no time limit, since an exec or an upload may rightly take hours.
+    pub fn guest_proxy(&self, s: &Session) -> Result<drums_api::Client, SessionError> {
         match s.init_pid {
-            Some(pid) if s.state == "running" => Ok(guest_socket(pid)),
+            Some(pid) if s.state == "running" => {
+                Ok(guest_client(pid).with_limits(None, Some(GUEST_MAX_BODY)))
+            }
             _ => Err(SessionError::Invalid(format!(
                 "session {} is {}, not running",
                 s.name, s.state
@@ -348,8 +352,27 @@ impl Manager {
     }
 }
 
-pub fn guest_socket(pid: i32) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{}", drums_init::GUEST_SOCKET))
+/// How long drumsd waits for a guest agent's answer to one of its own calls
+/// (health, hygiene, desktop start and readiness, audit): a hostile or hung
+/// guest costs one task this long, never drumsd. A desktop's cold start is
+/// the slowest honest answer, a few seconds.
+pub const GUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// The largest guest answer drumsd reads whole: its own calls answer a few
+/// KiB of JSON.
+pub const GUEST_MAX_BODY: usize = 16 << 20;
+
+/// The session's root as the host sees it.
+pub fn session_root(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
+}
+
+/// A client of the guest agent of the session whose init is `pid`, for
+/// drumsd's own calls: the socket resolved inside the session's root, never
+/// through a symlink of the session's, and every call bounded in time and
+/// size ([`GUEST_TIMEOUT`], [`GUEST_MAX_BODY`]).
+pub fn guest_client(pid: i32) -> drums_api::Client {
+    drums_api::Client::in_root(session_root(pid), drums_init::GUEST_SOCKET)
+        .with_limits(Some(GUEST_TIMEOUT), Some(GUEST_MAX_BODY))
 }
 
 pub(crate) fn to_api(r: SessionRecord) -> Session {

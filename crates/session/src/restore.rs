@@ -14,12 +14,31 @@ use tracing::warn;
 
 use crate::checkpoint::{network_lock, BIN_MOUNT};
 use crate::create::{parse_mac, random_hex, veth_name};
-use crate::manager::{guest_socket, Manager};
+use crate::manager::{guest_client, Manager};
 use crate::spec::hostname_for;
 use crate::{io, process, SessionError};
 
 /// Most siblings one restore call may start.
 pub const MAX_SIBLINGS: usize = 64;
+
+/// A restore's (or a fork's) sibling count and name, checked before anything
+/// is made: a fork checks them before it checkpoints.
+pub fn check_siblings(count: usize, name: Option<&str>) -> Result<(), SessionError> {
+    if count == 0 || count > MAX_SIBLINGS {
+        return Err(SessionError::Invalid(format!(
+            "count {count}: restore 1 to {MAX_SIBLINGS} siblings at a time"
+        )));
+    }
+    if let Some(n) = name {
+        if count != 1 {
+            return Err(SessionError::Invalid(format!(
+                "a name is only accepted for a single sibling, not for count {count}"
+            )));
+        }
+        crate::spec::validate_name(n)?;
+    }
+    Ok(())
+}
 
 impl Manager {
     /// Restore `count` siblings of a checkpoint; all or nothing. A single
@@ -31,19 +50,7 @@ impl Manager {
         count: usize,
         name: Option<&str>,
     ) -> Result<RestoreResult, SessionError> {
-        if count == 0 || count > MAX_SIBLINGS {
-            return Err(SessionError::Invalid(format!(
-                "count {count}: restore 1 to {MAX_SIBLINGS} siblings at a time"
-            )));
-        }
-        if let Some(n) = name {
-            if count != 1 {
-                return Err(SessionError::Invalid(format!(
-                    "a name is only accepted for a single sibling, not for count {count}"
-                )));
-            }
-            crate::spec::validate_name(n)?;
-        }
+        check_siblings(count, name)?;
         let (ck, m) = self.manifest(checkpoint)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host)?;
@@ -316,7 +323,7 @@ impl Manager {
             "generation": rec.generation,
             "ip": rec.ip,
         });
-        let client = drums_api::Client::new(guest_socket(pid));
+        let client = guest_client(pid);
         let _: serde_json::Value = client
             .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
             .await

@@ -115,6 +115,43 @@ pub fn set_hostname_in(pid: i32, name: &str) -> Result<()> {
     }))
 }
 
+/// Open `rel` inside the tree rooted at `root` (a session's root, seen from
+/// the host as `/proc/PID/root`) as the session would resolve it: every
+/// symlink and `..` stays inside `root` (RESOLVE_IN_ROOT), and no
+/// /proc magic link is followed (RESOLVE_NO_MAGICLINKS). A session controls
+/// every name below its root, so drumsd never opens such a path as host root
+/// any other way: `/proc/PID/root/run/x` alone would follow a session's
+/// symlink `x -> /etc/shadow` to the host's file.
+///
+/// `flags` are the open flags (O_CLOEXEC is added); O_PATH gives a handle
+/// for `connect` through `/proc/self/fd/N`.
+pub fn open_in_root(
+    root: &Path,
+    rel: &Path,
+    flags: nix::fcntl::OFlag,
+) -> std::result::Result<std::os::fd::OwnedFd, std::io::Error> {
+    let dir = std::fs::File::open(root)?;
+    open_in_root_fd(std::os::fd::AsFd::as_fd(&dir), rel, flags)
+}
+
+/// [`open_in_root`] with the root already open (`dir`), for callers that
+/// resolve many paths in one session.
+pub fn open_in_root_fd(
+    dir: std::os::fd::BorrowedFd<'_>,
+    rel: &Path,
+    flags: nix::fcntl::OFlag,
+) -> std::result::Result<std::os::fd::OwnedFd, std::io::Error> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let rel = rel.strip_prefix("/").unwrap_or(rel);
+    let fd = nix::fcntl::openat2(dir.as_raw_fd(), rel, how).map_err(std::io::Error::from)?;
+    // SAFETY: openat2 just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// One recorded call, with the arguments that matter for checking a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
@@ -263,5 +300,50 @@ mod tests {
         let e = sys.chdir(Path::new("/y")).unwrap_err();
         assert_eq!(e.to_string(), "chdir /y: EPERM: Operation not permitted");
         assert_eq!(sys.calls().len(), 2, "a failed call is not recorded");
+    }
+}
+
+#[cfg(test)]
+mod open_in_root_tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_and_dotdot_stay_inside_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "host").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("run")).unwrap();
+        std::fs::write(root.path().join("run/ok"), "inside").unwrap();
+        // An absolute symlink and a climbing one, both pointing at the host's file.
+        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("run/abs"))
+            .unwrap();
+        std::os::unix::fs::symlink(
+            "../../../../../../../../../../".to_string()
+                + outside.path().join("secret").to_str().unwrap(),
+            root.path().join("run/up"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            "/proc/self/root/etc/hostname",
+            root.path().join("run/magic"),
+        )
+        .unwrap();
+        let read = |rel: &str| {
+            open_in_root(root.path(), Path::new(rel), nix::fcntl::OFlag::O_RDONLY)
+                .map(|fd| std::io::read_to_string(std::fs::File::from(fd)).unwrap())
+        };
+        assert_eq!(read("/run/ok").unwrap(), "inside");
+        for escape in ["run/abs", "run/up", "/../../secret", "run/magic"] {
+            match read(escape) {
+                Ok(text) => assert_ne!(text, "host", "{escape} escaped the root"),
+                Err(e) => assert!(
+                    matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT) | Some(libc::ELOOP) | Some(libc::EXDEV)
+                    ),
+                    "{escape}: {e}"
+                ),
+            }
+        }
     }
 }

@@ -42,7 +42,7 @@ async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     let pid = s
         .init_pid
         .ok_or_else(|| Failure::new(exit::INTERNAL, format!("session {} has no init pid", s.id)))?;
-    let guest = Client::new(format!("/proc/{pid}/root/run/drums/guest.sock"));
+    let guest = Client::in_root(format!("/proc/{pid}/root"), "/run/drums/guest.sock");
     let hostname = format!("bench-{round}");
     let t = Instant::now();
     let _: serde_json::Value = guest
