@@ -240,6 +240,16 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What the security boundary costs: start and restore with the hardened
+    /// default against --privileged, interleaved in one run.
+    Confinement {
+        #[arg(long, default_value = "headless")]
+        profile: String,
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold start vs hygienic restore, interleaved; forks of 1, 4, 8;
     /// memory per session cold vs restored; dump time and image size.
     Restore {

@@ -8,9 +8,11 @@ use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 use serde_json::json;
 
+mod confinement;
 mod desktop;
 mod inspect;
 
+pub use confinement::confinement;
 pub use inspect::inspect;
 
 use crate::commands::enc;

@@ -69,5 +69,8 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             bench::restore(&c, profile, *n, *json).await
         }
         Command::Bench(BenchCommand::Inspect { n, json }) => bench::inspect(&c, *n, *json).await,
+        Command::Bench(BenchCommand::Confinement { profile, n, json }) => {
+            bench::confinement(&c, profile, *n, *json).await
+        }
     }
 }

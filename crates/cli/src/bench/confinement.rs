@@ -1,0 +1,196 @@
+//! `drums bench confinement`: what the security boundary costs. The hardened
+//! default and `--privileged` run the same start and restore, interleaved
+//! round by round (the arm that goes first alternates), so both arms see the
+//! same machine. Reports p50 and p95 per arm, the ratio of the medians, and
+//! the median of the per-round ratios.
+
+use std::time::Instant;
+
+use drums_api::{Client, CreateSession, Session};
+use hyper::Method;
+use serde_json::json;
+
+use super::{delete_checkpoint, percentile, remove, sh, wait_port, WORKLOAD};
+use crate::exit::{self, Failure};
+use crate::table;
+
+/// One arm: a cold create-to-ready and a restore-to-ready per round.
+#[derive(Default)]
+struct Samples {
+    start: Vec<f64>,
+    restore: Vec<f64>,
+}
+
+fn request(profile: &str, privileged: bool) -> CreateSession {
+    CreateSession {
+        profile: Some(profile.into()),
+        privileged,
+        ..Default::default()
+    }
+}
+
+async fn timed_create(c: &Client, req: &CreateSession) -> Result<(Session, f64), Failure> {
+    let t = Instant::now();
+    let s: Session = c.json(Method::POST, "/v1/sessions", Some(req)).await?;
+    Ok((s, t.elapsed().as_secs_f64()))
+}
+
+async fn timed_restore(c: &Client, ck: &str) -> Result<(Session, f64), Failure> {
+    let t = Instant::now();
+    let mut r: drums_api::RestoreResult = c
+        .json(
+            Method::POST,
+            &format!("/v1/checkpoints/{}/restore", crate::commands::enc(ck)),
+            Some(&drums_api::RestoreRequest {
+                count: 1,
+                name: None,
+            }),
+        )
+        .await?;
+    Ok((r.sessions.remove(0), t.elapsed().as_secs_f64()))
+}
+
+/// The checkpoint each arm restores from: a warm headless session (the
+/// restore bench's Python server), or a clean desktop (the OSWorld reset).
+async fn checkpoint(c: &Client, profile: &str, privileged: bool) -> Result<String, Failure> {
+    let (src, _) = timed_create(c, &request(profile, privileged)).await?;
+    let desktop = profile == "desktop";
+    if !desktop {
+        sh(c, &src, WORKLOAD).await?;
+        wait_port(src.ip.as_deref().unwrap_or_default(), 8000).await?;
+    }
+    let req = drums_api::CreateCheckpoint {
+        session: src.id.clone(),
+        name: None,
+        clean: desktop,
+        leave_running: true,
+    };
+    let ck: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+    remove(c, &src).await?;
+    Ok(ck.id)
+}
+
+pub async fn confinement(
+    c: &Client,
+    profile: &str,
+    n: usize,
+    as_json: bool,
+) -> Result<i32, Failure> {
+    if n == 0 {
+        return Err(Failure::usage("-n must be at least 1"));
+    }
+    let arms = [false, true]; // hardened, privileged
+    let mut cks = Vec::new();
+    for privileged in arms {
+        cks.push(checkpoint(c, profile, privileged).await?);
+    }
+    // One unmeasured round of each arm warms caches and the daemon's paths.
+    for (i, privileged) in arms.into_iter().enumerate() {
+        let (s, _) = timed_create(c, &request(profile, privileged)).await?;
+        remove(c, &s).await?;
+        let (s, _) = timed_restore(c, &cks[i]).await?;
+        remove(c, &s).await?;
+    }
+    let mut samples = [Samples::default(), Samples::default()];
+    for round in 0..n {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (s, t) = timed_create(c, &request(profile, arms[i])).await?;
+            remove(c, &s).await?;
+            samples[i].start.push(t);
+            let (s, t) = timed_restore(c, &cks[i]).await?;
+            remove(c, &s).await?;
+            samples[i].restore.push(t);
+        }
+        if !as_json {
+            eprint!(
+                "\r\x1b[Kround {}/{n}: restore hardened {:.1} ms, privileged {:.1} ms",
+                round + 1,
+                samples[0].restore[round] * 1e3,
+                samples[1].restore[round] * 1e3
+            );
+        }
+    }
+    if !as_json {
+        eprintln!();
+    }
+    for ck in &cks {
+        delete_checkpoint(c, ck).await?;
+    }
+
+    let stats = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        (percentile(&s, 50.0), percentile(&s, 95.0))
+    };
+    // Per-round ratio hardened/privileged: the noise of one moment hits both
+    // arms of a round alike.
+    let paired = |a: &[f64], b: &[f64]| {
+        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        r.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        percentile(&r, 50.0)
+    };
+    let rows: Vec<(&str, (f64, f64), (f64, f64), f64)> = vec![
+        (
+            "start (create to ready)",
+            stats(&samples[0].start),
+            stats(&samples[1].start),
+            paired(&samples[0].start, &samples[1].start),
+        ),
+        (
+            "restore (to ready)",
+            stats(&samples[0].restore),
+            stats(&samples[1].restore),
+            paired(&samples[0].restore, &samples[1].restore),
+        ),
+    ];
+    if as_json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(what, h, p, pr)| {
+                json!({
+                    "what": what,
+                    "hardened.p50": h.0, "hardened.p95": h.1,
+                    "privileged.p50": p.0, "privileged.p95": p.1,
+                    "ratio_of_p50": h.0 / p.0,
+                    "paired_ratio_p50": pr,
+                })
+            })
+            .collect();
+        let out = json!({"profile": profile, "n": n, "rows": out});
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
+    } else {
+        let ms = |s: f64| format!("{:.1} ms", s * 1e3);
+        let body: Vec<Vec<String>> = rows
+            .iter()
+            .map(|(what, h, p, pr)| {
+                vec![
+                    what.to_string(),
+                    ms(h.0),
+                    ms(h.1),
+                    ms(p.0),
+                    ms(p.1),
+                    format!("{:.3}", h.0 / p.0),
+                    format!("{pr:.3}"),
+                ]
+            })
+            .collect();
+        println!("drums bench confinement --profile {profile} -n {n} (arms interleaved)");
+        print!(
+            "{}",
+            table::render(
+                &[
+                    "",
+                    "hardened p50",
+                    "hardened p95",
+                    "privileged p50",
+                    "privileged p95",
+                    "p50 ratio",
+                    "paired ratio",
+                ],
+                &body
+            )
+        );
+    }
+    Ok(exit::OK)
+}
