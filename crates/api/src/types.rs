@@ -25,6 +25,10 @@ pub struct CreateSession {
     /// `bridge` (default) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// `none` (default) or `nat` (bridge sessions only): leave the host
+    /// through NAT; the host and private ranges stay unreachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<String>,
 }
 
 /// What a desktop session shows when it starts.
@@ -61,6 +65,9 @@ pub struct Session {
     pub state: String,
     pub hostname: String,
     pub network: String,
+    /// `none` or `nat`.
+    #[serde(default = "egress_none")]
+    pub egress: String,
     pub ip: Option<String>,
     pub mac: Option<String>,
     pub limits: Limits,
@@ -380,4 +387,9 @@ pub struct AgentMarked {
     pub session: String,
     /// Every process now excluded, the marked one first.
     pub pids: Vec<i32>,
+}
+
+/// What a session made before egress existed has.
+fn egress_none() -> String {
+    "none".into()
 }

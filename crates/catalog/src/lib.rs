@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -73,6 +73,9 @@ pub enum ResourceKind {
     Mount,
     /// A process, keyed `pid:starttime` so a recycled pid is never killed.
     Process,
+    /// The nftables firewall of a bridge, keyed by the bridge's name (both of
+    /// its tables, `bridge` and `inet` `drums-<bridge>`).
+    NftTable,
 }
 
 impl ResourceKind {
@@ -84,6 +87,7 @@ impl ResourceKind {
             Self::Link => "link",
             Self::Mount => "mount",
             Self::Process => "process",
+            Self::NftTable => "nft-table",
         }
     }
     fn parse(s: &str) -> Option<Self> {
@@ -94,6 +98,7 @@ impl ResourceKind {
             "link" => Self::Link,
             "mount" => Self::Mount,
             "process" => Self::Process,
+            "nft-table" => Self::NftTable,
             _ => return None,
         })
     }
@@ -121,6 +126,8 @@ pub struct SessionRecord {
     pub hostname: String,
     /// none | bridge
     pub network: String,
+    /// none | nat: whether a bridge session may leave the host through NAT.
+    pub egress: String,
     pub ip: Option<String>,
     pub mac: Option<String>,
     /// The session's limits as JSON (owned by the session layer).
@@ -312,11 +319,12 @@ impl Catalog {
             ));
         }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
-                rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin
+                rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin,
+                rec.egress
             ],
         )
         .map_err(sql("insert session"))?;
@@ -493,7 +501,7 @@ fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<
     Ok(rec)
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin FROM sessions";
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -514,6 +522,7 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             created_at_ms: r.get(11)?,
             generation: r.get::<_, i64>(12)? as u64,
             origin: r.get(13)?,
+            egress: r.get(14)?,
         },
         r.get(9)?,
     ))
@@ -587,6 +596,17 @@ fn migrate(conn: &Connection) -> Result<()> {
         )
         .map_err(sql("migrate to schema 2"))?;
     }
+    if version < 3 {
+        // Sessions made before egress existed had none. The new ledger kind
+        // `nft-table` needs no column, only a reader that knows it.
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE sessions ADD COLUMN egress TEXT NOT NULL DEFAULT 'none';
+             PRAGMA user_version = 3;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 3"))?;
+    }
     Ok(())
 }
 
@@ -617,6 +637,7 @@ mod tests {
             created_at_ms: 1,
             generation: 0,
             origin: None,
+            egress: "none".into(),
         }
     }
 
@@ -715,7 +736,45 @@ mod tests {
             .conn()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(v, 2);
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_version_2_session_reads_as_egress_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.db");
+        {
+            let conn = Connection::open(&p).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE sessions (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                     profile TEXT NOT NULL, image TEXT NOT NULL, state TEXT NOT NULL,
+                     hostname TEXT NOT NULL, network TEXT NOT NULL, ip TEXT UNIQUE, mac TEXT,
+                     limits TEXT NOT NULL, init_pid INTEGER, created_at_ms INTEGER NOT NULL,
+                     generation INTEGER NOT NULL DEFAULT 0, origin TEXT);
+                 CREATE TABLE resources (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                     owner TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL,
+                     created_at_ms INTEGER NOT NULL, UNIQUE (kind, key));
+                 CREATE TABLE checkpoints (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                     session_id TEXT NOT NULL, state TEXT NOT NULL,
+                     created_at_ms INTEGER NOT NULL, manifest TEXT NOT NULL);
+                 INSERT INTO sessions VALUES ('s1', 'old', 'headless', 'default', 'running',
+                     'old', 'bridge', '10.9.0.2', NULL, '{}', NULL, 1, 0, NULL);
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+        }
+        let c = Catalog::open(&p).unwrap();
+        assert_eq!(c.session("old").unwrap().unwrap().egress, "none");
+    }
+
+    #[test]
+    fn nft_table_kind_round_trips() {
+        let c = Catalog::in_memory().unwrap();
+        c.record("daemon", ResourceKind::NftTable, "drums0")
+            .unwrap();
+        let rows = c.owned_by("daemon").unwrap();
+        assert_eq!(rows[0].kind, ResourceKind::NftTable);
+        assert_eq!(ResourceKind::NftTable.as_str(), "nft-table");
     }
 
     #[test]
@@ -730,7 +789,7 @@ mod tests {
         let e = Catalog::open(&p).err().unwrap();
         assert_eq!(
             e.to_string(),
-            "catalog schema version 99 is newer than this drums supports (2)"
+            "catalog schema version 99 is newer than this drums supports (3)"
         );
     }
 }

@@ -133,6 +133,10 @@ pub struct CreateArgs {
     /// bridge (own address, reachable from the host, no egress) or none.
     #[arg(long)]
     pub network: Option<String>,
+    /// none (default: nothing beyond the bridge) or nat (reach the outside
+    /// through the host's NAT; the host and private ranges stay unreachable).
+    #[arg(long, value_name = "none|nat")]
+    pub egress: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -38,6 +38,7 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
             cpus: a.cpus,
         },
         network: a.network.clone(),
+        egress: a.egress.clone(),
     })
 }
 

@@ -65,6 +65,11 @@ pub struct DaemonArgs {
     /// The sessions' network, CIDR; the bridge takes the first address.
     #[arg(long, default_value = "10.213.0.0/16")]
     pub subnet: String,
+    /// A port drums serves to sessions on the bridge address, as tcp:PORT or
+    /// udp:PORT (repeatable). The firewall drops every other connection a
+    /// session opens to the host; none by default. See docs/security.md.
+    #[arg(long = "bridge-service", value_name = "PROTO:PORT")]
+    pub bridge_services: Vec<drums_net::Service>,
     /// Parent cgroup of every session's cgroup.
     #[arg(long, default_value = "drums")]
     pub cgroup_parent: String,
@@ -118,6 +123,7 @@ impl DaemonArgs {
             bridge: self.bridge.clone(),
             subnet,
             prefix,
+            bridge_services: self.bridge_services.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             store_size: self.store_gib << 30,
             fault_injection: self.enable_fault_injection,

@@ -26,7 +26,7 @@ use drums_net::rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteScope,
 };
 use drums_net::rtnetlink::{self, LinkUnspec, RouteMessageBuilder};
-use drums_net::{get_link, in_netns, loopback_up, Net, NetError, VethSpec};
+use drums_net::{get_link, in_netns, loopback_up, Net, NetError, Proto, Service, VethSpec};
 use futures::TryStreamExt;
 use nix::sched::{setns, unshare, CloneFlags};
 
@@ -122,7 +122,7 @@ impl Fixture {
         pid
     }
 
-    fn spec(&self, suffix: &str, pid: i32, host: u8, default_route: bool) -> VethSpec {
+    fn spec(&self, suffix: &str, pid: i32, host: u8, egress: bool) -> VethSpec {
         VethSpec {
             host_name: format!("{}{suffix}", self.prefix),
             bridge: self.bridge.clone(),
@@ -131,7 +131,7 @@ impl Fixture {
             ip: self.ip(host),
             prefix: 24,
             gateway: self.gateway(),
-            default_route,
+            egress,
         }
     }
 
@@ -150,6 +150,7 @@ impl Fixture {
         runtime().block_on(async {
             let net = Net::new().await.expect("netlink connection for cleanup");
             net.delete_link(&self.bridge).await.expect("delete bridge");
+            drums_net::firewall::remove(&self.bridge).expect("remove firewall");
             // Namespace teardown after the last process exits is done by the
             // kernel asynchronously, so give the veths a moment to vanish.
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -170,6 +171,12 @@ impl Fixture {
     fn finish(mut self) {
         let left = self.cleanup();
         assert!(left.is_empty(), "links leaked on the host: {left:?}");
+        let tables = drums_net::firewall::tables().expect("list nft tables");
+        let ours = drums_net::firewall::table_name(&self.bridge);
+        assert!(
+            !tables.iter().any(|(_, name)| *name == ours),
+            "nft tables leaked: {tables:?}"
+        );
     }
 }
 
@@ -290,20 +297,28 @@ fn controller(link: &LinkMessage) -> Option<u32> {
 }
 
 const PORT: u16 = 18080;
+/// The port the tests allow-list on the bridge address.
+const SERVED_PORT: u16 = 18081;
 
 #[test]
-fn two_sessions_reach_host_but_not_each_other() {
+fn two_sessions_reach_allowed_host_port_but_not_each_other() {
     let rt = runtime();
     let mut fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
     let gw = fx.gateway();
+    // The only host port sessions may open: the firewall's allow-list.
+    let services = [Service {
+        proto: Proto::Tcp,
+        port: SERVED_PORT,
+    }];
 
     let br = rt
-        .block_on(net.ensure_bridge(&fx.bridge, gw, 24))
+        .block_on(net.ensure_bridge(&fx.bridge, gw, 24, &services))
         .expect("create bridge");
     // Idempotent: a second call finds the bridge and its address.
     assert_eq!(
-        rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24)).unwrap(),
+        rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24, &services))
+            .unwrap(),
         br
     );
 
@@ -351,7 +366,7 @@ fn two_sessions_reach_host_but_not_each_other() {
         assert!(is_up(&eth0), "eth0 up");
         assert!(is_up(&inside.lo), "lo up");
         assert_eq!(v4_addrs(&inside.eth0_addrs), vec![(spec.ip, 24)]);
-        let expected_gw = spec.default_route.then_some(gw);
+        let expected_gw = spec.egress.then_some(gw);
         assert_eq!(default_gateway(&inside.routes), expected_gw);
     }
 
@@ -364,7 +379,7 @@ fn two_sessions_reach_host_but_not_each_other() {
             .expect("listen in session");
         fx.listeners.push(l);
     }
-    let host_listener = TcpListener::bind((gw, 0)).expect("listen on bridge address");
+    let host_listener = TcpListener::bind((gw, SERVED_PORT)).expect("listen on bridge address");
     let host_addr = host_listener.local_addr().unwrap();
 
     let ok = Duration::from_secs(3);
@@ -401,7 +416,7 @@ fn missing_pid_fails_and_leaves_nothing() {
     let rt = runtime();
     let fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
 
     // Above any possible pid_max (2^22).
@@ -423,7 +438,7 @@ fn failure_after_veth_creation_rolls_back() {
     let rt = runtime();
     let mut fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
     let pid = fx.spawn_session();
 
@@ -500,7 +515,7 @@ fn delete_missing_link_is_ok_false() {
     assert!(!rt.block_on(net.link_exists(&name)).unwrap());
     assert!(!rt.block_on(net.delete_link(&name)).unwrap());
 
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
     assert!(rt.block_on(net.link_exists(&fx.bridge)).unwrap());
     assert!(rt.block_on(net.delete_link(&fx.bridge)).unwrap());

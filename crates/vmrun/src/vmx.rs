@@ -97,6 +97,8 @@ impl Spec {
             image: self.image.clone(),
             limits: self.limits.clone(),
             network: self.network.clone(),
+            // A .vmx has no egress key: its sessions keep drums' default.
+            egress: None,
         }
     }
 }
