@@ -209,6 +209,30 @@ pub fn tables() -> Result<Vec<(String, String)>, FirewallError> {
         .collect())
 }
 
+/// The ports `bridge`'s firewall knows, as (ifname, ip); empty without a
+/// firewall.
+pub fn ports(bridge: &str) -> Result<Vec<(String, Ipv4Addr)>, FirewallError> {
+    let table = table_name(bridge);
+    let nft = Nft::new()?;
+    if !has_table(&nft, "bridge", &table)? {
+        return Ok(Vec::new());
+    }
+    let cmd = json!({"nftables": [{"list": {"set":
+        {"family": "bridge", "table": table, "name": "ports"}}}]});
+    let out = nft.run("list ports", &table, &cmd)?;
+    let answer = parse(&out, "list ports", &table)?;
+    Ok(objects(&answer, "set")
+        .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| {
+            let parts = &e["concat"];
+            Some((
+                parts[0].as_str()?.to_string(),
+                parts[2].as_str()?.parse().ok()?,
+            ))
+        })
+        .collect())
+}
+
 /// Lets `port` send on `bridge` from its own MAC and IP (and, with egress,
 /// leave the host). Must run before the port is enslaved: until then frames
 /// from it would not be checked.
