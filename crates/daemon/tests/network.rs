@@ -185,8 +185,24 @@ fn egress_nat_reaches_the_outside_and_nothing_else() {
     ))
     .unwrap();
     assert_eq!(got.egress, "nat");
-    assert_eq!(drums_net::firewall::ports(&d.bridge).unwrap().len(), 2);
-    run(d.rm(&nat.id)).unwrap();
+
+    // A restored sibling keeps its checkpoint's egress, with its own address.
+    let ck = run(d.checkpoint(&nat.id, false, true));
+    let sibling = run(d.restore(&ck.id, 1))
+        .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()))
+        .sessions
+        .remove(0);
+    assert_eq!(sibling.egress, "nat");
+    assert_ne!(sibling.ip, nat.ip);
+    let (code, _, err) = d.sh(&sibling.id, &connect_script(World::ADDR, PORT));
+    assert_eq!(code, 0, "restored nat sibling -> outside world: {err}");
+    let (code, ..) = d.sh(&sibling.id, &connect_script(&gw.to_string(), PORT));
+    assert_ne!(code, 0, "restored sibling reached the host");
+
+    assert_eq!(drums_net::firewall::ports(&d.bridge).unwrap().len(), 3);
+    for s in [&nat, &sibling] {
+        run(d.rm(&s.id)).unwrap();
+    }
     let left = drums_net::firewall::ports(&d.bridge).unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].1.to_string(), closed.ip.clone().unwrap());
