@@ -156,6 +156,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bridge_services_are_empty_by_default_and_checked() {
+        let cli = Cli::try_parse_from(["drumsd"]).unwrap();
+        assert!(cli.daemon.bridge_services.is_empty());
+        let cli = Cli::try_parse_from([
+            "drumsd",
+            "--bridge-service",
+            "tcp:8080",
+            "--bridge-service",
+            "udp:53",
+        ])
+        .unwrap();
+        let got: Vec<String> = cli
+            .daemon
+            .bridge_services
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["tcp:8080", "udp:53"]);
+        let e = Cli::try_parse_from(["drumsd", "--bridge-service", "tcp:0"]).unwrap_err();
+        assert!(e.to_string().contains("invalid service \"tcp:0\""), "{e}");
+    }
+
+    #[test]
     fn cidr() {
         assert_eq!(
             parse_cidr("10.213.0.0/16").unwrap(),
