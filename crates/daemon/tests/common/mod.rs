@@ -407,6 +407,8 @@ impl TestDaemon {
             "{point}: veths left {:?}",
             self.session_links()
         );
+        let ports = drums_net::firewall::ports(&self.bridge).unwrap();
+        assert!(ports.is_empty(), "{point}: firewall ports left {ports:?}");
         assert!(
             self.store_subvolumes().is_empty(),
             "{point}: subvolumes left {:?}",
