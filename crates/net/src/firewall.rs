@@ -558,17 +558,31 @@ extern "C" {
     fn nft_run_cmd_from_buffer(ctx: *mut c_void, buf: *const c_char) -> c_int;
 }
 
-/// One libnftables context. Not shared between threads (libnftables contexts
-/// are not thread-safe); each operation makes its own, which costs well under
-/// a millisecond.
-struct Nft(NonNull<c_void>);
+/// Held while a libnftables context exists: a context is not thread-safe, and
+/// neither is the library's one-time initialisation in nft_ctx_new, so this
+/// process uses one context at a time (never two at once in one thread:
+/// every function below makes exactly one).
+static LIBNFTABLES: Mutex<()> = Mutex::new(());
+
+/// One libnftables context. Each operation makes its own, which costs well
+/// under a millisecond.
+struct Nft {
+    ctx: NonNull<c_void>,
+    _only_one: std::sync::MutexGuard<'static, ()>,
+}
 
 impl Nft {
     fn new() -> Result<Nft, FirewallError> {
+        // Poison is harmless here: a panicking holder's context was freed
+        // by its Drop on the way out.
+        let guard = LIBNFTABLES.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: nft_ctx_new has no preconditions; it returns NULL on failure.
         let ctx =
             NonNull::new(unsafe { nft_ctx_new(NFT_CTX_DEFAULT) }).ok_or(FirewallError::Context)?;
-        let nft = Nft(ctx);
+        let nft = Nft {
+            ctx,
+            _only_one: guard,
+        };
         // SAFETY: ctx is a live context owned by `nft`; buffering makes output
         // and errors readable from memory instead of going to stdout/stderr.
         let failed = unsafe {
@@ -591,7 +605,7 @@ impl Nft {
         };
         // Serialised JSON escapes NUL, so this cannot fail in practice.
         let buf = CString::new(cmd.to_string()).map_err(|e| nft_err(e.to_string()))?;
-        let ctx = self.0.as_ptr();
+        let ctx = self.ctx.as_ptr();
         // SAFETY: ctx is live; buf is a NUL-terminated string that outlives
         // the call. The buffers returned afterwards belong to ctx and are
         // valid until the next call on it, so they are copied out at once.
@@ -615,7 +629,7 @@ impl Nft {
 impl Drop for Nft {
     fn drop(&mut self) {
         // SAFETY: the context was made by nft_ctx_new and is freed only here.
-        unsafe { nft_ctx_free(self.0.as_ptr()) }
+        unsafe { nft_ctx_free(self.ctx.as_ptr()) }
     }
 }
 
