@@ -30,6 +30,10 @@ pub struct CreateSession {
     /// Podman's `--privileged`. Only ever on when asked for by name.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub privileged: bool,
+    /// `none` (default) or `nat` (bridge sessions only): leave the host
+    /// through NAT; the host and private ranges stay unreachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<String>,
 }
 
 /// What a desktop session shows when it starts.
@@ -66,6 +70,9 @@ pub struct Session {
     pub state: String,
     pub hostname: String,
     pub network: String,
+    /// `none` or `nat`.
+    #[serde(default = "egress_none")]
+    pub egress: String,
     pub ip: Option<String>,
     pub mac: Option<String>,
     pub limits: Limits,
@@ -388,4 +395,9 @@ pub struct AgentMarked {
     pub session: String,
     /// Every process now excluded, the marked one first.
     pub pids: Vec<i32>,
+}
+
+/// What a session made before egress existed has.
+fn egress_none() -> String {
+    "none".into()
 }

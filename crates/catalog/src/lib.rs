@@ -79,6 +79,9 @@ pub enum ResourceKind {
     Mount,
     /// A process, keyed `pid:starttime` so a recycled pid is never killed.
     Process,
+    /// The nftables firewall of a bridge, keyed by the bridge's name (both of
+    /// its tables, `bridge` and `inet` `drums-<bridge>`).
+    NftTable,
 }
 
 impl ResourceKind {
@@ -90,6 +93,7 @@ impl ResourceKind {
             Self::Link => "link",
             Self::Mount => "mount",
             Self::Process => "process",
+            Self::NftTable => "nft-table",
         }
     }
     fn parse(s: &str) -> Option<Self> {
@@ -100,6 +104,7 @@ impl ResourceKind {
             "link" => Self::Link,
             "mount" => Self::Mount,
             "process" => Self::Process,
+            "nft-table" => Self::NftTable,
             _ => return None,
         })
     }
@@ -127,6 +132,8 @@ pub struct SessionRecord {
     pub hostname: String,
     /// none | bridge
     pub network: String,
+    /// none | nat: whether a bridge session may leave the host through NAT.
+    pub egress: String,
     pub ip: Option<String>,
     pub mac: Option<String>,
     /// The session's limits as JSON (owned by the session layer).
@@ -326,11 +333,12 @@ impl Catalog {
             ));
         }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, privileged)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
                 rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin,
+                rec.egress,
                 rec.privileged
             ],
         )
@@ -508,7 +516,7 @@ fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<
     Ok(rec)
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, privileged FROM sessions";
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -529,7 +537,8 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             created_at_ms: r.get(11)?,
             generation: r.get::<_, i64>(12)? as u64,
             origin: r.get(13)?,
-            privileged: r.get(14)?,
+            egress: r.get(14)?,
+            privileged: r.get(15)?,
         },
         r.get(9)?,
     ))
@@ -604,8 +613,12 @@ fn migrate(conn: &Connection) -> Result<()> {
         .map_err(sql("migrate to schema 2"))?;
     }
     if version < 3 {
+        // Sessions made before egress existed had none, and none was
+        // privileged. The new ledger kind `nft-table` needs no column, only a
+        // reader that knows it.
         conn.execute_batch(
             "BEGIN;
+             ALTER TABLE sessions ADD COLUMN egress TEXT NOT NULL DEFAULT 'none';
              ALTER TABLE sessions ADD COLUMN privileged INTEGER NOT NULL DEFAULT 0;
              PRAGMA user_version = 3;
              COMMIT;",
@@ -642,6 +655,7 @@ mod tests {
             created_at_ms: 1,
             generation: 0,
             origin: None,
+            egress: "none".into(),
             privileged: false,
         }
     }
@@ -755,6 +769,46 @@ mod tests {
         let mode =
             std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&p).unwrap().permissions());
         assert_eq!(mode & 0o777, 0o600, "catalog.db is root's alone");
+    }
+
+    #[test]
+    fn a_version_2_session_reads_as_egress_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.db");
+        {
+            let conn = Connection::open(&p).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE sessions (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                     profile TEXT NOT NULL, image TEXT NOT NULL, state TEXT NOT NULL,
+                     hostname TEXT NOT NULL, network TEXT NOT NULL, ip TEXT UNIQUE, mac TEXT,
+                     limits TEXT NOT NULL, init_pid INTEGER, created_at_ms INTEGER NOT NULL,
+                     generation INTEGER NOT NULL DEFAULT 0, origin TEXT);
+                 CREATE TABLE resources (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                     owner TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL,
+                     created_at_ms INTEGER NOT NULL, UNIQUE (kind, key));
+                 CREATE TABLE checkpoints (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                     session_id TEXT NOT NULL, state TEXT NOT NULL,
+                     created_at_ms INTEGER NOT NULL, manifest TEXT NOT NULL);
+                 INSERT INTO sessions VALUES ('s1', 'old', 'headless', 'default', 'running',
+                     'old', 'bridge', '10.9.0.2', NULL, '{}', NULL, 1, 0, NULL);
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+        }
+        let c = Catalog::open(&p).unwrap();
+        let old = c.session("old").unwrap().unwrap();
+        assert_eq!(old.egress, "none");
+        assert!(!old.privileged);
+    }
+
+    #[test]
+    fn nft_table_kind_round_trips() {
+        let c = Catalog::in_memory().unwrap();
+        c.record("daemon", ResourceKind::NftTable, "drums0")
+            .unwrap();
+        let rows = c.owned_by("daemon").unwrap();
+        assert_eq!(rows[0].kind, ResourceKind::NftTable);
+        assert_eq!(ResourceKind::NftTable.as_str(), "nft-table");
     }
 
     #[test]

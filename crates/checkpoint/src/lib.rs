@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 /// The manifest format this build writes and reads. A change to [`Manifest`]
 /// or anything it contains needs a bump (see docs/formats.md).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -158,6 +158,10 @@ pub struct SourceSession {
     pub profile: String,
     pub image: String,
     pub network: String,
+    /// `none` or `nat`; a manifest of format 1 has none, which is what its
+    /// session had (format 2 added the field).
+    #[serde(default = "egress_none")]
+    pub egress: String,
     pub limits: serde_json::Value,
     /// The restore generation the session itself was at (0 if cold).
     pub generation: u64,
@@ -167,6 +171,10 @@ pub struct SourceSession {
     /// manifests, which were all taken before confinement existed: false.
     #[serde(default)]
     pub privileged: bool,
+}
+
+fn egress_none() -> String {
+    "none".into()
 }
 
 /// `manifest.json`.
@@ -388,6 +396,7 @@ mod tests {
                 profile: "headless".into(),
                 image: "default".into(),
                 network: "bridge".into(),
+                egress: "none".into(),
                 limits: serde_json::json!({}),
                 generation: 0,
                 privileged: false,
@@ -406,7 +415,13 @@ mod tests {
         std::fs::write(d.path().join("manifest.json"), v.to_string()).unwrap();
         assert_eq!(
             Manifest::read(d.path()).unwrap_err().to_string(),
-            "checkpoint manifest format 99 is newer than this drums supports (1)"
+            "checkpoint manifest format 99 is newer than this drums supports (2)"
         );
+        // A format 1 manifest (no egress) still reads, as egress none.
+        let mut v1 = serde_json::to_value(&m).unwrap();
+        v1["format_version"] = 1.into();
+        v1["session"].as_object_mut().unwrap().remove("egress");
+        std::fs::write(d.path().join("manifest.json"), v1.to_string()).unwrap();
+        assert_eq!(Manifest::read(d.path()).unwrap().session.egress, "none");
     }
 }

@@ -138,6 +138,10 @@ pub struct CreateArgs {
     /// default (docs/security.md).
     #[arg(long)]
     pub privileged: bool,
+    /// none (default: nothing beyond the bridge) or nat (reach the outside
+    /// through the host's NAT; the host and private ranges stay unreachable).
+    #[arg(long, value_name = "none|nat")]
+    pub egress: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -39,6 +39,7 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
         },
         network: a.network.clone(),
         privileged: a.privileged,
+        egress: a.egress.clone(),
     })
 }
 

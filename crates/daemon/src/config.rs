@@ -65,6 +65,11 @@ pub struct DaemonArgs {
     /// The sessions' network, CIDR; the bridge takes the first address.
     #[arg(long, default_value = "10.213.0.0/16")]
     pub subnet: String,
+    /// A port drums serves to sessions on the bridge address, as tcp:PORT or
+    /// udp:PORT (repeatable). The firewall drops every other connection a
+    /// session opens to the host; none by default. See docs/security.md.
+    #[arg(long = "bridge-service", value_name = "PROTO:PORT")]
+    pub bridge_services: Vec<drums_net::Service>,
     /// Parent cgroup of every session's cgroup.
     #[arg(long, default_value = "drums")]
     pub cgroup_parent: String,
@@ -118,6 +123,7 @@ impl DaemonArgs {
             bridge: self.bridge.clone(),
             subnet,
             prefix,
+            bridge_services: self.bridge_services.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             store_size: self.store_gib << 30,
             fault_injection: self.enable_fault_injection,
@@ -148,6 +154,29 @@ fn parse_cidr(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bridge_services_are_empty_by_default_and_checked() {
+        let cli = Cli::try_parse_from(["drumsd"]).unwrap();
+        assert!(cli.daemon.bridge_services.is_empty());
+        let cli = Cli::try_parse_from([
+            "drumsd",
+            "--bridge-service",
+            "tcp:8080",
+            "--bridge-service",
+            "udp:53",
+        ])
+        .unwrap();
+        let got: Vec<String> = cli
+            .daemon
+            .bridge_services
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["tcp:8080", "udp:53"]);
+        let e = Cli::try_parse_from(["drumsd", "--bridge-service", "tcp:0"]).unwrap_err();
+        assert!(e.to_string().contains("invalid service \"tcp:0\""), "{e}");
+    }
 
     #[test]
     fn cidr() {

@@ -56,6 +56,9 @@ pub enum NetError {
 
     #[error("network namespace worker for pid {pid} died without a result")]
     WorkerDied { pid: i32 },
+
+    #[error(transparent)]
+    Firewall(#[from] crate::firewall::FirewallError),
 }
 
 /// Builds the `map_err` closure for a failed rtnetlink request.

@@ -8,11 +8,16 @@
 //! as `eth0`. Because nothing but the session's processes holds that namespace,
 //! it disappears when the session dies and takes the veth pair with it.
 //!
+//! Every bridge drums makes carries drumsd's firewall ([`firewall`]): sessions
+//! reach neither the host nor each other, send only from their own MAC and IP,
+//! and leave the host only with egress `nat`.
+//!
 //! Host links are handled through [`Net`], a netlink connection in drums' own
 //! namespace. Work inside a session namespace runs on a dedicated short-lived
 //! thread that joined that namespace (see [`in_netns`]), never on a tokio worker.
 
 mod error;
+pub mod firewall;
 mod netns;
 
 use std::future::Future;
@@ -29,6 +34,7 @@ use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteM
 
 pub use error::NetError;
 use error::{errno, netlink};
+pub use firewall::{FirewallError, IpForward, Port, Proto, Service};
 use netns::NetnsFile;
 /// The rtnetlink version this crate is built on, for callers of [`in_netns`].
 pub use rtnetlink;
@@ -60,8 +66,10 @@ pub struct VethSpec {
     pub prefix: u8,
     /// The bridge's address.
     pub gateway: Ipv4Addr,
-    /// Add a default route via `gateway` inside the session.
-    pub default_route: bool,
+    /// Egress `nat`: a default route via `gateway` inside the session, and the
+    /// session's address in the firewall's egress set. Without it the session
+    /// has no route beyond its subnet and the firewall forwards nothing of it.
+    pub egress: bool,
 }
 
 impl Net {
@@ -80,13 +88,17 @@ impl Net {
     }
 
     /// Creates bridge `name` if absent, ensures it has address
-    /// `gateway/prefix` (already present is fine) and sets it up. Returns its
-    /// ifindex. Idempotent, and safe against a concurrent creator.
+    /// `gateway/prefix` (already present is fine), sets it up and installs its
+    /// firewall with `services` as the only ports sessions may open on the
+    /// host ([`firewall::install`]; ports listed by an earlier call are
+    /// forgotten). Returns its ifindex. Safe against a concurrent creator.
+    /// The firewall stays until [`firewall::remove`].
     pub async fn ensure_bridge(
         &self,
         name: &str,
         gateway: Ipv4Addr,
         prefix: u8,
+        services: &[Service],
     ) -> Result<u32, NetError> {
         check_ifname(name)?;
         if prefix > 32 {
@@ -142,6 +154,8 @@ impl Net {
             .execute()
             .await
             .map_err(netlink("set up", name))?;
+        // After the bridge exists: its per-interface IPv6 sysctls appear with it.
+        firewall::install(name, services)?;
         Ok(index)
     }
 
@@ -230,6 +244,7 @@ impl Net {
         // From here on the pair exists: delete it on every way out but success.
         let mut guard = VethGuard {
             handle: self.handle.clone(),
+            bridge: spec.bridge.clone(),
             name: Some(spec.host_name.clone()),
         };
         match self.configure_veth(spec, bridge_index, ns).await {
@@ -258,10 +273,22 @@ impl Net {
             .header
             .index;
 
+        // Listed before the port joins the bridge: the bridge table checks
+        // only listed ports (see the firewall module), so no frame of this
+        // port is ever forwarded unchecked.
+        firewall::add_port(
+            &spec.bridge,
+            &Port {
+                ifname: spec.host_name.clone(),
+                mac: spec.mac,
+                ip: spec.ip,
+                egress: spec.egress,
+            },
+        )?;
         self.attach_index(index, host, bridge_index).await?;
 
         let (ip, prefix, gateway, default_route) =
-            (spec.ip, spec.prefix, spec.gateway, spec.default_route);
+            (spec.ip, spec.prefix, spec.gateway, spec.egress);
         netns::run_in(ns, move |handle| async move {
             configure_session_side(&handle, ip, prefix, gateway, default_route).await
         })
@@ -444,16 +471,17 @@ async fn set_up(handle: &Handle, name: &str) -> Result<(), NetError> {
 }
 
 /// Deletes the host end of a half-configured veth pair (which takes the peer
-/// with it) unless disarmed by clearing `name`.
+/// with it) and its firewall elements, unless disarmed by clearing `name`.
 struct VethGuard {
     handle: Handle,
+    bridge: String,
     name: Option<String>,
 }
 
 impl VethGuard {
     async fn delete_now(&mut self) {
         if let Some(name) = self.name.take() {
-            delete_by_name(self.handle.clone(), name).await;
+            delete_by_name(self.handle.clone(), self.bridge.clone(), name).await;
         }
     }
 }
@@ -465,14 +493,18 @@ impl Drop for VethGuard {
         let Some(name) = self.name.take() else { return };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(delete_by_name(self.handle.clone(), name));
+                rt.spawn(delete_by_name(
+                    self.handle.clone(),
+                    self.bridge.clone(),
+                    name,
+                ));
             }
             Err(_) => tracing::warn!(link = name, "cannot delete abandoned veth: no runtime"),
         }
     }
 }
 
-async fn delete_by_name(handle: Handle, name: String) {
+async fn delete_by_name(handle: Handle, bridge: String, name: String) {
     // By name rather than index: the host end's index may not be known yet.
     let msg = LinkUnspec::new_with_name(&name).build();
     match handle.link().del_with_message(msg).execute().await {
@@ -481,6 +513,11 @@ async fn delete_by_name(handle: Handle, name: String) {
         Err(e) => {
             tracing::warn!(link = name, error = %e, "deleting veth after failed setup failed")
         }
+    }
+    // The link is gone, so a stale element could only ever match a future
+    // link of the same name; remove it all the same.
+    if let Err(e) = firewall::remove_port(&bridge, &name) {
+        tracing::warn!(link = name, error = %e, "removing firewall elements after failed setup failed");
     }
 }
 
@@ -518,7 +555,7 @@ fn check_spec(spec: &VethSpec) -> Result<(), NetError> {
     if spec.mac[0] & 1 != 0 || spec.mac == [0; 6] {
         return Err(invalid("mac is not a unicast address"));
     }
-    if spec.default_route && !same_subnet(spec.ip, spec.gateway, spec.prefix) {
+    if spec.egress && !same_subnet(spec.ip, spec.gateway, spec.prefix) {
         return Err(invalid("gateway is outside the session subnet"));
     }
     Ok(())

@@ -3,20 +3,15 @@
 //! sessions. Traffic only ever goes to the test's own 10.254.x.0/24 addresses
 //! inside namespaces these tests create.
 //!
-//! Every test owns a random link-name prefix; its [`Fixture`] kills the
-//! children, deletes the bridge and then checks that no link with that prefix
-//! is left on the host, also when the test fails.
+//! Every test owns a random link-name prefix; its `Fixture` (tests/common)
+//! kills the children, deletes the bridge and its firewall and then checks that
+//! no link with that prefix and no nft table of it is left on the host, also
+//! when the test fails. The firewall's rules are tested in tests/firewall.rs.
 
-use std::collections::hash_map::RandomState;
-use std::fs::File;
-use std::hash::{BuildHasher, Hasher};
-use std::io;
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drums_net::rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use drums_net::rtnetlink::packet_route::link::{
@@ -25,172 +20,11 @@ use drums_net::rtnetlink::packet_route::link::{
 use drums_net::rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteScope,
 };
-use drums_net::rtnetlink::{self, LinkUnspec, RouteMessageBuilder};
-use drums_net::{get_link, in_netns, loopback_up, Net, NetError, VethSpec};
+use drums_net::rtnetlink::{LinkUnspec, RouteMessageBuilder};
+use drums_net::{get_link, in_netns, loopback_up, Net, NetError, Proto, Service};
 use futures::TryStreamExt;
-use nix::sched::{setns, unshare, CloneFlags};
 
-fn random_u64() -> u64 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
-/// A /24 under 10.254.0.0/16 that no other test of this run uses.
-fn next_subnet_octet() -> u8 {
-    static START: OnceLock<u8> = OnceLock::new();
-    static NEXT: AtomicU8 = AtomicU8::new(0);
-    let start = *START.get_or_init(|| (random_u64() % 200) as u8);
-    start + NEXT.fetch_add(1, Ordering::Relaxed) % 50 + 1
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Runs `f` on a thread that joined the network namespace of `pid`; sockets it
-/// creates stay in that namespace.
-fn in_ns_blocking<T: Send + 'static>(pid: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        let ns = File::open(format!("/proc/{pid}/ns/net")).unwrap();
-        setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
-struct Fixture {
-    prefix: String,
-    bridge: String,
-    octet: u8,
-    children: Vec<Child>,
-    /// Sockets inside session namespaces keep those namespaces (and their
-    /// veths) alive, so they are dropped before the leak check.
-    listeners: Vec<TcpListener>,
-    finished: bool,
-}
-
-impl Fixture {
-    fn new() -> Fixture {
-        // "drumst" + 6 hex = 12 chars; links are prefix + 2 chars <= 15.
-        let prefix = format!("drumst{:06x}", random_u64() & 0xff_ffff);
-        Fixture {
-            bridge: format!("{prefix}br"),
-            prefix,
-            octet: next_subnet_octet(),
-            children: Vec::new(),
-            listeners: Vec::new(),
-            finished: false,
-        }
-    }
-
-    fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 254, self.octet, 1)
-    }
-
-    fn ip(&self, host: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, 254, self.octet, host)
-    }
-
-    /// Starts a `sleep` that is in a fresh network namespace by the time this
-    /// returns (the unshare happens before exec, and spawn waits for exec).
-    fn spawn_session(&mut self) -> i32 {
-        let mut cmd = Command::new("sleep");
-        cmd.arg("60")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: the closure runs in the forked child before exec and only
-        // makes the unshare(2) system call, which is async-signal-safe and
-        // does not allocate or take locks.
-        unsafe {
-            cmd.pre_exec(|| unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from));
-        }
-        let child = cmd.spawn().expect("spawn sleep in new netns");
-        let pid = child.id() as i32;
-        self.children.push(child);
-        pid
-    }
-
-    fn spec(&self, suffix: &str, pid: i32, host: u8, default_route: bool) -> VethSpec {
-        VethSpec {
-            host_name: format!("{}{suffix}", self.prefix),
-            bridge: self.bridge.clone(),
-            netns_pid: pid,
-            mac: [0x02, 0xd7, 0x00, 0x00, self.octet, host],
-            ip: self.ip(host),
-            prefix: 24,
-            gateway: self.gateway(),
-            default_route,
-        }
-    }
-
-    /// Kills the children, deletes the bridge, and waits for the session
-    /// namespaces (and with them the veths) to go away. Returns the links with
-    /// the test's prefix that were still there; those are then deleted so a
-    /// failing test does not litter the host.
-    fn cleanup(&mut self) -> Vec<String> {
-        self.finished = true;
-        self.listeners.clear();
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.children.clear();
-        runtime().block_on(async {
-            let net = Net::new().await.expect("netlink connection for cleanup");
-            net.delete_link(&self.bridge).await.expect("delete bridge");
-            // Namespace teardown after the last process exits is done by the
-            // kernel asynchronously, so give the veths a moment to vanish.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let left = net.links_with_prefix(&self.prefix).await.unwrap();
-                if left.is_empty() || Instant::now() > deadline {
-                    for name in &left {
-                        let _ = net.delete_link(name).await;
-                    }
-                    return left;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    }
-
-    /// Cleans up and asserts that nothing leaked.
-    fn finish(mut self) {
-        let left = self.cleanup();
-        assert!(left.is_empty(), "links leaked on the host: {left:?}");
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        if !self.finished {
-            let left = self.cleanup();
-            if !left.is_empty() {
-                eprintln!("links leaked on the host (deleted now): {left:?}");
-            }
-        }
-    }
-}
-
-fn netlink_err(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> NetError {
-    move |source| NetError::Netlink {
-        op,
-        link: "test".into(),
-        source,
-    }
-}
+use common::{in_ns_blocking, netlink_err, runtime, Fixture};
 
 /// What a session namespace looks like from inside.
 struct Inside {
@@ -290,20 +124,28 @@ fn controller(link: &LinkMessage) -> Option<u32> {
 }
 
 const PORT: u16 = 18080;
+/// The port the tests allow-list on the bridge address.
+const SERVED_PORT: u16 = 18081;
 
 #[test]
-fn two_sessions_reach_host_but_not_each_other() {
+fn two_sessions_reach_allowed_host_port_but_not_each_other() {
     let rt = runtime();
     let mut fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
     let gw = fx.gateway();
+    // The only host port sessions may open: the firewall's allow-list.
+    let services = [Service {
+        proto: Proto::Tcp,
+        port: SERVED_PORT,
+    }];
 
     let br = rt
-        .block_on(net.ensure_bridge(&fx.bridge, gw, 24))
+        .block_on(net.ensure_bridge(&fx.bridge, gw, 24, &services))
         .expect("create bridge");
     // Idempotent: a second call finds the bridge and its address.
     assert_eq!(
-        rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24)).unwrap(),
+        rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24, &services))
+            .unwrap(),
         br
     );
 
@@ -351,7 +193,7 @@ fn two_sessions_reach_host_but_not_each_other() {
         assert!(is_up(&eth0), "eth0 up");
         assert!(is_up(&inside.lo), "lo up");
         assert_eq!(v4_addrs(&inside.eth0_addrs), vec![(spec.ip, 24)]);
-        let expected_gw = spec.default_route.then_some(gw);
+        let expected_gw = spec.egress.then_some(gw);
         assert_eq!(default_gateway(&inside.routes), expected_gw);
     }
 
@@ -364,7 +206,7 @@ fn two_sessions_reach_host_but_not_each_other() {
             .expect("listen in session");
         fx.listeners.push(l);
     }
-    let host_listener = TcpListener::bind((gw, 0)).expect("listen on bridge address");
+    let host_listener = TcpListener::bind((gw, SERVED_PORT)).expect("listen on bridge address");
     let host_addr = host_listener.local_addr().unwrap();
 
     let ok = Duration::from_secs(3);
@@ -401,7 +243,7 @@ fn missing_pid_fails_and_leaves_nothing() {
     let rt = runtime();
     let fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
 
     // Above any possible pid_max (2^22).
@@ -423,7 +265,7 @@ fn failure_after_veth_creation_rolls_back() {
     let rt = runtime();
     let mut fx = Fixture::new();
     let net = rt.block_on(Net::new()).unwrap();
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
     let pid = fx.spawn_session();
 
@@ -500,7 +342,7 @@ fn delete_missing_link_is_ok_false() {
     assert!(!rt.block_on(net.link_exists(&name)).unwrap());
     assert!(!rt.block_on(net.delete_link(&name)).unwrap());
 
-    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24))
+    rt.block_on(net.ensure_bridge(&fx.bridge, fx.gateway(), 24, &[]))
         .unwrap();
     assert!(rt.block_on(net.link_exists(&fx.bridge)).unwrap());
     assert!(rt.block_on(net.delete_link(&fx.bridge)).unwrap());

@@ -209,6 +209,7 @@ impl Manager {
                 profile: rec.profile.clone(),
                 image: rec.image.clone(),
                 network: rec.network.clone(),
+                egress: rec.egress.clone(),
                 limits: rec.limits.clone(),
                 generation: rec.generation,
                 privileged: rec.privileged,

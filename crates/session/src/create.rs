@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
 
 use crate::manager::{guest_client, Manager};
-use crate::spec::{hostname_for, DesktopSpec, Network, Spec};
+use crate::spec::{hostname_for, DesktopSpec, Egress, Network, Spec};
 use crate::{io, process, SessionError};
 
 impl Manager {
@@ -31,6 +31,7 @@ impl Manager {
             image: spec.image.clone(),
             state: "creating".into(),
             network: spec.network.as_str().into(),
+            egress: spec.egress.as_str().into(),
             ip: None,
             mac: None,
             limits: serde_json::to_value(&spec.limits).expect("limits serialize"),
@@ -164,6 +165,12 @@ impl Manager {
                     .as_deref()
                     .and_then(|s| s.parse().ok())
                     .expect("bridge sessions have an address");
+                let egress = spec.egress == Egress::Nat;
+                if egress {
+                    self.ip_forward
+                        .enable()
+                        .map_err(drums_net::NetError::from)?;
+                }
                 self.net
                     .create_session_veth(&drums_net::VethSpec {
                         host_name,
@@ -173,9 +180,7 @@ impl Manager {
                         ip,
                         prefix: self.cfg.prefix,
                         gateway: self.gateway(),
-                        // Egress is off: the session reaches the host's bridge address
-                        // and nothing beyond it.
-                        default_route: false,
+                        egress,
                     })
                     .await?;
             }

@@ -31,6 +31,10 @@ pub struct ManagerConfig {
     /// The bridge's network: the bridge takes .1, sessions .2 upwards.
     pub subnet: Ipv4Addr,
     pub prefix: u8,
+    /// The ports drums serves to sessions on the bridge address: the only new
+    /// connections the firewall lets a session open to the host. Empty by
+    /// default; the coordinator's proxy adds its own.
+    pub bridge_services: Vec<drums_net::Service>,
     /// Name of the cgroup under which every session's cgroup lives.
     pub cgroup_parent: String,
     /// Size of the sparse btrfs image when the state directory is not on btrfs.
@@ -47,6 +51,9 @@ pub struct Manager {
     _store: Mutex<Option<Store>>,
     pub(crate) images: ImageStore,
     pub(crate) net: Net,
+    /// `net.ipv4.ip_forward`, turned on with the first session that has
+    /// egress `nat` and put back at shutdown.
+    pub(crate) ip_forward: drums_net::IpForward,
     pub faults: Faults,
     pub(crate) bin_dir: PathBuf,
     pub(crate) criu: drums_criu::Criu,
@@ -143,6 +150,7 @@ impl Manager {
             store_root,
             _store: Mutex::new(Some(store)),
             net,
+            ip_forward: drums_net::IpForward::new(),
             faults: Faults::default(),
             bin_dir,
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
@@ -155,8 +163,17 @@ impl Manager {
 
         m.catalog
             .record(DAEMON, ResourceKind::Link, &m.cfg.bridge)?;
+        // The bridge's firewall (made by ensure_bridge) is the daemon's too,
+        // and goes before the bridge at shutdown (newest row first).
+        m.catalog
+            .record(DAEMON, ResourceKind::NftTable, &m.cfg.bridge)?;
         m.net
-            .ensure_bridge(&m.cfg.bridge, m.gateway(), m.cfg.prefix)
+            .ensure_bridge(
+                &m.cfg.bridge,
+                m.gateway(),
+                m.cfg.prefix,
+                &m.cfg.bridge_services,
+            )
             .await?;
         // The cgroup parent is made by the first session; recorded now so the
         // shutdown removes it.
@@ -332,7 +349,8 @@ impl Manager {
     }
 
     /// Daemon shutdown: every session, then the daemon's own resources (the
-    /// bridge, the cgroup parent, the store's mount).
+    /// bridge and its firewall, the cgroup parent, the store's mount), then
+    /// `ip_forward` as drumsd found it.
     pub async fn shutdown(&self) -> Result<(), SessionError> {
         let mut first_err = None;
         for s in self.catalog.sessions()? {
@@ -347,6 +365,11 @@ impl Manager {
         if let Err(e) = teardown::remove_owned(self, DAEMON).await {
             warn!("shutdown: {}", crate::error_chain(&e));
             first_err.get_or_insert(e);
+        }
+        // Last: no session of ours needs forwarding any more.
+        if let Err(e) = self.ip_forward.restore() {
+            warn!("shutdown: {}", crate::error_chain(&e));
+            first_err.get_or_insert(drums_net::NetError::from(e).into());
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -385,6 +408,7 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         state: r.state,
         hostname: r.hostname,
         network: r.network,
+        egress: r.egress,
         ip: r.ip,
         mac: r.mac,
         init_pid: r.init_pid,

@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::checkpoint::{network_lock, BIN_MOUNT};
 use crate::create::{parse_mac, random_hex, veth_name};
 use crate::manager::{guest_client, Manager};
-use crate::spec::hostname_for;
+use crate::spec::{hostname_for, Egress};
 use crate::{io, process, SessionError};
 
 /// Most siblings one restore call may start.
@@ -111,6 +111,13 @@ impl Manager {
         lower: &std::path::Path,
         name: Option<&str>,
     ) -> Result<Session, SessionError> {
+        // An imported manifest is untrusted: only a known value passes.
+        let egress = Egress::parse(&m.session.egress)?;
+        if egress == Egress::Nat && m.session.network != "bridge" {
+            return Err(SessionError::Invalid(
+                "checkpoint has egress nat without network bridge".into(),
+            ));
+        }
         let id = random_hex(6);
         let name = name.map_or_else(|| id.clone(), str::to_owned);
         let rec = SessionRecord {
@@ -121,6 +128,8 @@ impl Manager {
             image: m.session.image.clone(),
             state: "creating".into(),
             network: m.session.network.clone(),
+            // A sibling keeps its checkpoint's egress.
+            egress: egress.as_str().into(),
             ip: None,
             mac: None,
             limits: m.session.limits.clone(),
@@ -228,8 +237,13 @@ impl Manager {
                 .expect("bridge siblings have an address"),
             prefix: self.cfg.prefix,
             gateway: self.gateway(),
-            default_route: false,
+            egress: rec.egress == Egress::Nat.as_str(),
         });
+        if rec.egress == Egress::Nat.as_str() {
+            self.ip_forward
+                .enable()
+                .map_err(drums_net::NetError::from)?;
+        }
         let opts = drums_criu::RestoreOpts {
             images_dir: self.checkpoint_dir(&m.id).join("images"),
             work_dir: dir.clone(),

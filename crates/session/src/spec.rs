@@ -25,6 +25,38 @@ impl Network {
     }
 }
 
+/// Whether a bridge session may leave the host. See docs/security.md, "The
+/// network".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Egress {
+    /// The default: the session reaches nothing beyond its bridge port (and
+    /// on the host only the ports drums serves to sessions).
+    None,
+    /// A default route via the bridge, masqueraded out of the host; the host
+    /// and private ranges stay unreachable.
+    Nat,
+}
+
+impl Egress {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Egress::None => "none",
+            Egress::Nat => "nat",
+        }
+    }
+
+    /// Parses the stored or requested form.
+    pub fn parse(s: &str) -> Result<Egress, SessionError> {
+        match s {
+            "none" => Ok(Egress::None),
+            "nat" => Ok(Egress::Nat),
+            other => Err(SessionError::Invalid(format!(
+                "unknown egress {other:?}: use none or nat"
+            ))),
+        }
+    }
+}
+
 /// A validated request.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -33,6 +65,7 @@ pub struct Spec {
     pub image: String,
     pub limits: Limits,
     pub network: Network,
+    pub egress: Egress,
     /// Set for the desktop profile (with defaults filled in).
     pub desktop: Option<DesktopSpec>,
     pub privileged: bool,
@@ -111,6 +144,12 @@ impl Spec {
                 )));
             }
         };
+        let egress = Egress::parse(req.egress.as_deref().unwrap_or("none"))?;
+        if egress == Egress::Nat && network != Network::Bridge {
+            return Err(SessionError::Invalid(
+                "egress nat needs network bridge".into(),
+            ));
+        }
         let limits = drums_cgroup::Limits {
             memory_bytes: req.limits.memory_bytes,
             pids_max: req.limits.pids_max,
@@ -125,6 +164,7 @@ impl Spec {
             image: req.image.clone().unwrap_or_else(|| default_image.into()),
             limits: req.limits.clone(),
             network,
+            egress,
             desktop,
             privileged: req.privileged,
         })
@@ -282,6 +322,30 @@ mod tests {
         let s = Spec::from_request(&r).unwrap();
         assert_eq!(s.image, "default");
         assert_eq!(s.network, Network::Bridge);
+        assert_eq!(s.egress, Egress::None, "egress is off by default");
+    }
+
+    #[test]
+    fn egress_is_none_or_nat_and_nat_needs_the_bridge() {
+        let req = |network: Option<&str>, egress: Option<&str>| CreateSession {
+            network: network.map(Into::into),
+            egress: egress.map(Into::into),
+            ..Default::default()
+        };
+        let nat = Spec::from_request(&req(None, Some("nat"))).unwrap();
+        assert_eq!(nat.egress, Egress::Nat);
+        let none = Spec::from_request(&req(Some("none"), Some("none"))).unwrap();
+        assert_eq!(none.egress, Egress::None);
+        for bad in ["NAT", "open", "", "nat "] {
+            let e = Spec::from_request(&req(None, Some(bad)))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e, format!("unknown egress {bad:?}: use none or nat"));
+        }
+        let e = Spec::from_request(&req(Some("none"), Some("nat")))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "egress nat needs network bridge");
     }
 
     #[test]

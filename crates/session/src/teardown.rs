@@ -46,12 +46,16 @@ async fn remove_resource(m: &Manager, r: &Resource) -> Result<(), String> {
         ResourceKind::Process => {
             blocking(move || process::kill_and_reap(&key, Duration::from_secs(10))).await
         }
-        ResourceKind::Link => m
-            .net
-            .delete_link(&key)
+        ResourceKind::Link => {
+            m.net.delete_link(&key).await.map_err(|e| error_chain(&e))?;
+            // A session's veth: its anti-spoofing and egress elements go with
+            // it (a no-op for the bridge itself, which is no port).
+            let bridge = m.cfg.bridge.clone();
+            blocking(move || {
+                drums_net::firewall::remove_port(&bridge, &key).map_err(|e| error_chain(&e))
+            })
             .await
-            .map(|_| ())
-            .map_err(|e| error_chain(&e)),
+        }
         ResourceKind::Cgroup => {
             blocking(move || {
                 match key.split_once('/') {
@@ -75,6 +79,14 @@ async fn remove_resource(m: &Manager, r: &Resource) -> Result<(), String> {
             _ => Ok(()),
         },
         ResourceKind::Mount => blocking(move || unmount(Path::new(&key))).await,
+        ResourceKind::NftTable => {
+            blocking(move || {
+                drums_net::firewall::remove(&key)
+                    .map(|_| ())
+                    .map_err(|e| error_chain(&e))
+            })
+            .await
+        }
     }
 }
 

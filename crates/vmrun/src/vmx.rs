@@ -99,6 +99,8 @@ impl Spec {
             network: self.network.clone(),
             // A VM is never privileged: vmrun drives untrusted desktops.
             privileged: false,
+            // A .vmx has no egress key: its sessions keep drums' default.
+            egress: None,
         }
     }
 }

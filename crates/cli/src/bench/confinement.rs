@@ -14,6 +14,10 @@ use super::{delete_checkpoint, percentile, remove, sh, wait_port, WORKLOAD};
 use crate::exit::{self, Failure};
 use crate::table;
 
+/// One table row: what, (p50, p95) hardened, (p50, p95) privileged, and the
+/// paired ratio.
+type Row = (&'static str, (f64, f64), (f64, f64), f64);
+
 /// One arm: a cold create-to-ready and a restore-to-ready per round.
 #[derive(Default)]
 struct Samples {
@@ -130,7 +134,7 @@ pub async fn confinement(
         r.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
         percentile(&r, 50.0)
     };
-    let rows: Vec<(&str, (f64, f64), (f64, f64), f64)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "start (create to ready)",
             stats(&samples[0].start),

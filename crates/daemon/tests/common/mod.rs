@@ -211,7 +211,8 @@ impl TestDaemon {
     }
 
     /// Every kind of host resource a daemon makes, looked for by this daemon's
-    /// names: mounts under its state dir, its bridge and any veth on it, its
+    /// names: mounts under its state dir, its bridge, its firewall's nft tables
+    /// and any veth on it, its
     /// cgroups in every hierarchy, processes in them, and its loop device.
     pub fn leaks(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -226,6 +227,14 @@ impl TestDaemon {
         }
         if Path::new("/sys/class/net").join(&self.bridge).exists() {
             out.push(format!("link: bridge {}", self.bridge));
+        }
+        match drums_net::firewall::exists(&self.bridge) {
+            Ok(false) => {}
+            Ok(true) => out.push(format!(
+                "nft tables: {}",
+                drums_net::firewall::table_name(&self.bridge)
+            )),
+            Err(e) => out.push(format!("nft tables: cannot list: {e}")),
         }
         out.extend(
             self.session_links()
@@ -398,6 +407,8 @@ impl TestDaemon {
             "{point}: veths left {:?}",
             self.session_links()
         );
+        let ports = drums_net::firewall::ports(&self.bridge).unwrap();
+        assert!(ports.is_empty(), "{point}: firewall ports left {ports:?}");
         assert!(
             self.store_subvolumes().is_empty(),
             "{point}: subvolumes left {:?}",
