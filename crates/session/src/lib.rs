@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod faults;
 pub mod inspect;
+pub mod limits;
 pub mod manager;
 pub mod process;
 pub mod restore;
@@ -84,6 +85,14 @@ pub enum SessionError {
     },
     #[error("inspector")]
     Inspect(#[from] drums_inspect::InspectError),
+    #[error(transparent)]
+    Limits(#[from] limits::LimitsError),
+    #[error("checkpoint {checkpoint}: the limits in its manifest")]
+    ManifestLimits {
+        checkpoint: String,
+        #[source]
+        source: limits::ManifestLimitsError,
+    },
     #[error("remove session {id}: {failures}")]
     Teardown { id: String, failures: String },
 }
@@ -91,7 +100,10 @@ pub enum SessionError {
 impl SessionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SessionError::Invalid(_) => ErrorKind::BadRequest,
+            SessionError::Invalid(_) | SessionError::Limits(_) => ErrorKind::BadRequest,
+            // The checkpoint exists but cannot be restored as it is, like one
+            // from an incompatible host.
+            SessionError::ManifestLimits { .. } => ErrorKind::Conflict,
             SessionError::NotFound(_)
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,

@@ -28,7 +28,9 @@ pub use btrfs::{
     create_subvolume, create_subvolume_with, delete_subvolume, is_subvolume, snapshot,
     snapshot_with, subvolume_generation, subvolume_info, SubvolumeInfo,
 };
-pub use quota::{enable_quota, ensure_qgroup, limit_qgroup, QgroupInherit, SESSIONS_QGROUP};
+pub use quota::{
+    enable_quota, ensure_qgroup, limit_qgroup, QgroupInherit, QgroupLimitKind, SESSIONS_QGROUP,
+};
 
 /// Where the btrfs superblock's magic lives in a device: the primary superblock
 /// starts at 64 KiB and its `magic` field at offset 0x40 within it.

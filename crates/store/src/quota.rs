@@ -2,10 +2,13 @@
 //!
 //! Every subvolume has a level-0 qgroup `0/ID` once quotas are on. drums limits
 //! two things with them:
-//! - each session's subvolume, by its *referenced* bytes (`max_rfer`), like
-//!   Docker's and Podman's btrfs drivers: the limit is the size of the session's
-//!   writable layer as the session sees it, shared extents included, so a restored
-//!   sibling starts with exactly the usage its checkpoint had;
+//! - each session's subvolume, by its *exclusive* bytes (`max_excl`): what the
+//!   session alone holds, i.e. what it wrote since it was created or restored,
+//!   not what it shares with its checkpoints. Docker's and Podman's btrfs
+//!   drivers limit referenced bytes instead; with checkpoints that would make a
+//!   sibling of a full session start full, and overlayfs, left no room for its
+//!   work directory, would mount its root read-only. So a sibling gets the same
+//!   budget for new writes as its checkpoint granted;
 //! - all of drums' subvolumes together, through one level-1 qgroup
 //!   ([`SESSIONS_QGROUP`]) that every session subvolume and every checkpoint
 //!   snapshot joins at birth. Its limit is the store's size minus a reserve, so
@@ -31,6 +34,8 @@ use crate::StoreError;
 const QUOTA_CTL_ENABLE: u64 = 1;
 /// BTRFS_QGROUP_LIMIT_MAX_RFER.
 const LIMIT_MAX_RFER: u64 = 1 << 0;
+/// BTRFS_QGROUP_LIMIT_MAX_EXCL.
+const LIMIT_MAX_EXCL: u64 = 1 << 1;
 /// BTRFS_QGROUP_INHERIT_SET_LIMITS: the new qgroup takes `lim`.
 const INHERIT_SET_LIMITS: u64 = 1 << 0;
 /// The level-1 qgroup `1/1` that holds every subvolume drums makes.
@@ -82,37 +87,55 @@ mod ioctl {
     nix::ioctl_none!(quota_rescan_wait, BTRFS_IOCTL_MAGIC, 46);
 }
 
+/// Which of a qgroup's two counts a limit bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QgroupLimitKind {
+    /// Every byte the qgroup's subvolumes reach, shared or not.
+    Referenced,
+    /// Bytes no subvolume outside the qgroup shares.
+    Exclusive,
+}
+
+impl QgroupLimitKind {
+    fn flag(self) -> u64 {
+        match self {
+            QgroupLimitKind::Referenced => LIMIT_MAX_RFER,
+            QgroupLimitKind::Exclusive => LIMIT_MAX_EXCL,
+        }
+    }
+}
+
 /// What a new subvolume or snapshot inherits: the qgroups it joins and the
-/// referenced-bytes limit of its own qgroup. The default joins nothing and sets
+/// exclusive-bytes limit of its own qgroup. The default joins nothing and sets
 /// no limit (quotas off, or a subvolume outside drums' accounting).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QgroupInherit {
     pub groups: Vec<u64>,
-    pub max_referenced: Option<u64>,
+    pub max_exclusive: Option<u64>,
 }
 
 impl QgroupInherit {
-    /// A subvolume in [`SESSIONS_QGROUP`], limited to `max_referenced` bytes if given.
-    pub fn session(max_referenced: Option<u64>) -> QgroupInherit {
+    /// A subvolume in [`SESSIONS_QGROUP`], limited to `max_exclusive` bytes if given.
+    pub fn session(max_exclusive: Option<u64>) -> QgroupInherit {
         QgroupInherit {
             groups: vec![SESSIONS_QGROUP],
-            max_referenced,
+            max_exclusive,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.max_referenced.is_none()
+        self.groups.is_empty() && self.max_exclusive.is_none()
     }
 
     /// struct btrfs_qgroup_inherit as u64 words: flags, num_qgroups,
     /// num_ref_copies, num_excl_copies, lim (5 words), then the qgroup ids. The
     /// copy counts stay 0: the kernel no longer accepts copies.
     pub(crate) fn to_words(&self) -> Vec<u64> {
-        let lim = match self.max_referenced {
-            Some(bytes) => [LIMIT_MAX_RFER, bytes, 0, 0, 0],
+        let lim = match self.max_exclusive {
+            Some(bytes) => [LIMIT_MAX_EXCL, 0, bytes, 0, 0],
             None => [0; 5],
         };
-        let flags = if self.max_referenced.is_some() {
+        let flags = if self.max_exclusive.is_some() {
             INHERIT_SET_LIMITS
         } else {
             0
@@ -163,24 +186,26 @@ pub fn ensure_qgroup(root: &Path, qgroupid: u64) -> Result<(), StoreError> {
     }
 }
 
-/// Limit qgroup `qgroupid` (0: the subvolume at `path` itself) to `max_referenced`
-/// bytes, or lift its limit with `None`.
+/// Limit qgroup `qgroupid` (0: the subvolume at `path` itself) to `max` bytes of
+/// the `kind` count, or lift that limit with `None`.
 pub fn limit_qgroup(
     path: &Path,
     qgroupid: u64,
-    max_referenced: Option<u64>,
+    kind: QgroupLimitKind,
+    max: Option<u64>,
 ) -> Result<(), StoreError> {
     let dir = open(path)?;
-    let mut args = QgroupLimitArgs {
-        qgroupid,
-        lim: QgroupLimit {
-            // Setting the flag with 0 would mean "0 bytes"; clearing it means
-            // "no limit".
-            flags: LIMIT_MAX_RFER,
-            max_rfer: max_referenced.unwrap_or(u64::MAX),
-            ..QgroupLimit::default()
-        },
+    // u64::MAX (the kernel's CLEAR_VALUE) lifts the limit; 0 would mean 0 bytes.
+    let value = max.unwrap_or(u64::MAX);
+    let mut lim = QgroupLimit {
+        flags: kind.flag(),
+        ..QgroupLimit::default()
     };
+    match kind {
+        QgroupLimitKind::Referenced => lim.max_rfer = value,
+        QgroupLimitKind::Exclusive => lim.max_excl = value,
+    }
+    let mut args = QgroupLimitArgs { qgroupid, lim };
     // SAFETY: `dir` is an open fd and `args` a btrfs_ioctl_qgroup_limit_args
     // (size checked above) that the kernel reads.
     unsafe { ioctl::qgroup_limit(dir.as_raw_fd(), &mut args) }
@@ -236,9 +261,9 @@ mod tests {
                 1,
                 0,
                 0,
-                LIMIT_MAX_RFER,
-                1 << 30,
+                LIMIT_MAX_EXCL,
                 0,
+                1 << 30,
                 0,
                 0,
                 SESSIONS_QGROUP
