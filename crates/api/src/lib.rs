@@ -6,9 +6,11 @@
 //! listens on a unix socket too.
 
 pub mod client;
+pub mod size;
 pub mod types;
 
 pub use client::{Client, ClientError};
+pub use size::{parse_size, SizeError};
 pub use types::*;
 
 /// The OpenAPI document, embedded so the daemon can serve it at `/openapi.yaml`.

@@ -57,6 +57,10 @@ pub struct Limits {
     pub pids_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
+    /// The session's writable layer on the btrfs store (a qgroup limit on its
+    /// subvolume's referenced bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
 }
 
 /// A session as the API reports it.

@@ -27,7 +27,10 @@ use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
 
 pub use devices::Devices;
-pub use limits::{host_cpus, Limits, LimitsError, MAX_PIDS, MIN_CPUS, MIN_MEMORY_BYTES};
+pub use limits::{
+    host_cpus, host_memory_bytes, host_pids_max, Limits, LimitsError, ParentCaps, MAX_PIDS,
+    MIN_CPUS, MIN_MEMORY_BYTES,
+};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Where hybrid hosts mount the v2 hierarchy next to the v1 controllers.
@@ -490,6 +493,39 @@ impl Cgroup {
             .map(|(_, d)| d.clone())
             .unwrap_or_default()
     }
+}
+
+/// Create `parent` in every hierarchy (where missing) and cap all its sessions
+/// together: memory and pids limits on the parent bound the sum of its
+/// children's usage, whatever each child's own limit says (v1 memory is
+/// hierarchical on every kernel drums supports; v2 always is). Returns the
+/// directories, for the ledger. A cap that cannot be written is an error: a
+/// daemon that promises a cap must not run without it.
+pub fn ensure_parent(parent: &str, caps: &ParentCaps) -> Result<Vec<PathBuf>, CgroupError> {
+    check_name(parent)?;
+    let hierarchies = hierarchies();
+    if hierarchies.is_empty() {
+        return Err(CgroupError::NoHierarchy);
+    }
+    let as_limits = Limits {
+        memory_bytes: caps.memory_bytes,
+        pids_max: caps.pids_max,
+        cpus: None,
+    };
+    check_controllers(&hierarchies, &as_limits)?;
+    let mut dirs = Vec::new();
+    for (kind, mount) in &hierarchies {
+        let dir = mount.join(parent);
+        mkdir(&dir, true)?;
+        if *kind == Kind::V2 {
+            enable_controllers(mount)?;
+            enable_controllers(&dir)?;
+        }
+        apply_limits(*kind, &dir, &as_limits)?;
+        dirs.push(dir);
+    }
+    tracing::info!(parent, ?caps, "capped all sessions together");
+    Ok(dirs)
 }
 
 /// Remove the parent directory in every hierarchy, where it has no children left

@@ -81,6 +81,63 @@ impl Limits {
     }
 }
 
+/// Caps on the parent cgroup: what all sessions together may use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParentCaps {
+    pub memory_bytes: Option<u64>,
+    pub pids_max: Option<u64>,
+}
+
+impl ParentCaps {
+    /// The default share of the host: three quarters of its RAM and of the
+    /// tasks it can run. The last quarter keeps the host, drumsd and its CRIU
+    /// runs alive when every session is at its limit at once: the kernel then
+    /// OOM-kills inside the sessions' cgroups, never on the host.
+    pub fn host_share() -> ParentCaps {
+        ParentCaps {
+            memory_bytes: host_memory_bytes().map(|m| m / 4 * 3),
+            pids_max: Some((host_pids_max() / 4 * 3).clamp(1, MAX_PIDS)),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        Limits {
+            memory_bytes: self.memory_bytes,
+            pids_max: self.pids_max,
+            cpus: None,
+        }
+        .validate()
+    }
+}
+
+/// MemTotal of /proc/meminfo in bytes, if readable.
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&text)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let kib: u64 = words.next()?.parse().ok()?;
+    (words.next() == Some("kB")).then_some(kib.checked_mul(1024)?)
+}
+
+/// How many tasks the host can have: the smaller of kernel.pid_max and
+/// kernel.threads-max (pids.max counts threads, and threads-max is what runs out
+/// first on most machines).
+pub fn host_pids_max() -> u64 {
+    let read = |f: &str| -> Option<u64> { std::fs::read_to_string(f).ok()?.trim().parse().ok() };
+    [
+        read("/proc/sys/kernel/pid_max"),
+        read("/proc/sys/kernel/threads-max"),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(32_768)
+}
+
 /// The CFS period: 100 ms, the kernel's default.
 pub(crate) const CPU_PERIOD_US: u64 = 100_000;
 
@@ -99,6 +156,23 @@ pub fn host_cpus() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mem_total_parses_kib() {
+        let text = "MemTotal:       24522340 kB\nMemFree:  1 kB\n";
+        assert_eq!(parse_mem_total(text), Some(24_522_340 * 1024));
+        assert_eq!(parse_mem_total("MemTotal: 12 MB\n"), None);
+        assert_eq!(parse_mem_total(""), None);
+    }
+
+    #[test]
+    fn the_host_share_is_three_quarters() {
+        let caps = ParentCaps::host_share();
+        let mem = host_memory_bytes().unwrap();
+        assert_eq!(caps.memory_bytes, Some(mem / 4 * 3));
+        assert!(caps.pids_max.unwrap() < host_pids_max());
+        caps.validate().unwrap();
+    }
 
     #[test]
     fn quota_rounds_and_respects_the_kernel_minimum() {

@@ -527,3 +527,72 @@ fn pids_max_bounds_a_fork_loop() {
         "{status:?}"
     );
 }
+
+/// The parent's caps bound its children together: a child with a larger limit
+/// of its own is still held to the parent's.
+#[test]
+fn parent_caps_bound_every_child() {
+    use drums_cgroup::{ensure_parent, ParentCaps};
+    let parent = unique_parent();
+    let _cleanup = Cleanup {
+        parent: parent.clone(),
+        children: Vec::new(),
+    };
+    let caps = ParentCaps {
+        memory_bytes: Some(64 * MIB),
+        pids_max: Some(5),
+    };
+    let dirs = ensure_parent(&parent, &caps).unwrap();
+    assert!(!dirs.is_empty());
+    // Twice is fine (a restarted daemon).
+    ensure_parent(&parent, &caps).unwrap();
+    let (mem_file, pids_dir) = if v2_only() {
+        let d = Path::new("/sys/fs/cgroup").join(&parent);
+        (d.join("memory.max"), d)
+    } else {
+        (
+            Path::new("/sys/fs/cgroup/memory")
+                .join(&parent)
+                .join("memory.limit_in_bytes"),
+            Path::new("/sys/fs/cgroup/pids").join(&parent),
+        )
+    };
+    assert_eq!(read(&mem_file).trim(), (64 * MIB).to_string());
+    assert_eq!(read(&pids_dir.join("pids.max")).trim(), "5");
+
+    // A child allowed 100 tasks gets no more than the parent's 5: a shell in
+    // it that forks a loop of sleepers is refused its later forks.
+    let cg = Cgroup::create(
+        &parent,
+        "child",
+        &Limits {
+            pids_max: Some(100),
+            ..Limits::default()
+        },
+    )
+    .unwrap();
+    let mut sh = Command::new("sh")
+        .args([
+            "-c",
+            "read x; for i in 1 2 3 4 5 6 7 8; do sleep 3 & done; wait",
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cg.add_pid(sh.id() as i32).unwrap();
+    use std::io::Write;
+    sh.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    // The shell's forks past the cap fail (EAGAIN), with its complaint.
+    let out = sh.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("fork"), "stderr: {stderr}");
+    assert!(cg.pids().unwrap().len() <= 5, "the parent's pids cap holds");
+    cg.kill_all().unwrap();
+    cg.remove().unwrap();
+    remove_parent(&parent).unwrap();
+    for root in hierarchy_roots() {
+        assert!(!root.join(&parent).exists());
+    }
+}

@@ -130,6 +130,10 @@ pub struct CreateArgs {
     /// CPU limit in cores (e.g. 0.5).
     #[arg(long)]
     pub cpus: Option<f64>,
+    /// Disk quota of the session's writable layer: bytes, or with a K, M, G or
+    /// T suffix (default: drumsd's --default-disk).
+    #[arg(long)]
+    pub disk: Option<String>,
     /// bridge (own address, reachable from the host, no egress) or none.
     #[arg(long)]
     pub network: Option<String>,
@@ -266,22 +270,9 @@ pub enum BenchCommand {
     },
 }
 
-/// Parse "512M", "1G", "1048576".
+/// Parse "512M", "1G", "1048576" (one parser for the CLI and drumsd's config).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: use bytes or a number with K, M or G"))?;
-    if !(n.is_finite() && n > 0.0) {
-        return Err(format!("invalid size {s:?}: must be positive"));
-    }
-    Ok((n * mult as f64) as u64)
+    drums_api::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -295,5 +286,8 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1M").is_err());
+        for bad in ["0", "nan", "inf", "18446744073709551616", "1e30G"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -22,6 +22,12 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
         .map(parse_size)
         .transpose()
         .map_err(Failure::usage)?;
+    let disk_bytes = a
+        .disk
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(Failure::usage)?;
     Ok(CreateSession {
         name: a.name.clone(),
         profile: Some(a.profile.clone()),
@@ -36,6 +42,7 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
             memory_bytes,
             pids_max: a.pids,
             cpus: a.cpus,
+            disk_bytes,
         },
         network: a.network.clone(),
         privileged: a.privileged,
@@ -246,6 +253,7 @@ pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
                 s.state.clone(),
                 s.ip.clone().unwrap_or_else(|| "-".into()),
                 s.hostname.clone(),
+                limits_cell(&s.limits),
                 format!("{}s", (now - s.created_at_ms).max(0) / 1000),
             ]
         })
@@ -253,11 +261,41 @@ pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
     print!(
         "{}",
         table::render(
-            &["ID", "NAME", "PROFILE", "STATE", "IP", "HOSTNAME", "AGE"],
+            &["ID", "NAME", "PROFILE", "STATE", "IP", "HOSTNAME", "LIMITS", "AGE"],
             &rows
         )
     );
     Ok(exit::OK)
+}
+
+/// The effective limits as `mem=4G pids=2048 cpus=2 disk=10G`; "-" for none.
+fn limits_cell(l: &Limits) -> String {
+    let size = |b: u64| {
+        for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+            if b >= 1 << shift && b.is_multiple_of(1 << shift) {
+                return format!("{}{unit}", b >> shift);
+            }
+        }
+        b.to_string()
+    };
+    let mut parts = Vec::new();
+    if let Some(b) = l.memory_bytes {
+        parts.push(format!("mem={}", size(b)));
+    }
+    if let Some(p) = l.pids_max {
+        parts.push(format!("pids={p}"));
+    }
+    if let Some(c) = l.cpus {
+        parts.push(format!("cpus={c}"));
+    }
+    if let Some(b) = l.disk_bytes {
+        parts.push(format!("disk={}", size(b)));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
 }
 
 pub async fn rm(c: &Client, sessions: &[String]) -> Result<i32, Failure> {

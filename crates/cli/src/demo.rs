@@ -49,6 +49,7 @@ pub async fn run(c: &Client) -> Result<i32, Failure> {
                 memory_bytes: Some(512 << 20),
                 pids_max: Some(512),
                 cpus: Some(1.0),
+                disk_bytes: None,
             },
             ..Default::default()
         };

@@ -77,6 +77,35 @@ pub struct DaemonArgs {
     /// not on btrfs.
     #[arg(long, default_value_t = 64)]
     pub store_gib: u64,
+    /// Bytes of the store kept from sessions for drumsd's own writes (subvolume
+    /// creates, snapshots, deletes): SIZE; default 10% of the store, at least
+    /// 256M. All sessions and checkpoints together stop (EDQUOT) at the rest.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub store_reserve: Option<u64>,
+    /// Memory limit of a session whose request names none: SIZE, or "none".
+    #[arg(long, default_value = "4G", value_parser = parse_memory_arg)]
+    pub default_memory: Limit<u64>,
+    /// Task (process and thread) limit of a session whose request names none, or
+    /// "none".
+    #[arg(long, default_value = "2048", value_parser = parse_pids_arg)]
+    pub default_pids: Limit<u64>,
+    /// CPU limit, in CPUs, of a session whose request names none, or "none";
+    /// default 2, or the host's CPU count if it has fewer.
+    #[arg(long, value_parser = parse_cpus_arg)]
+    pub default_cpus: Option<Limit<f64>>,
+    /// Disk quota of a session whose request names none: SIZE, or "none";
+    /// default 10G, or what the store holds for sessions if that is less.
+    #[arg(long, value_parser = parse_disk_arg)]
+    pub default_disk: Option<Limit<u64>>,
+    /// Memory all sessions together may use (the cgroup parent's limit): SIZE,
+    /// or "none"; default 75% of the host's RAM.
+    #[arg(long, value_parser = parse_memory_arg)]
+    pub sessions_memory: Option<Limit<u64>>,
+    /// Tasks all sessions together may run (the cgroup parent's pids.max), or
+    /// "none"; default 75% of the host's pid_max or threads-max, whichever is
+    /// smaller.
+    #[arg(long, value_parser = parse_pids_arg)]
+    pub sessions_pids: Option<Limit<u64>>,
     /// Seconds a new session may take to answer before create fails.
     #[arg(long, default_value_t = 20)]
     pub ready_timeout: u64,
@@ -126,10 +155,129 @@ impl DaemonArgs {
             bridge_services: self.bridge_services.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             store_size: self.store_gib << 30,
+            store_reserve: self.store_reserve,
+            default_limits: self.default_limits(),
+            sessions_caps: self.sessions_caps(),
             fault_injection: self.enable_fault_injection,
             ready_timeout: Duration::from_secs(self.ready_timeout),
         })
     }
+}
+
+/// A limit flag's value: a number, or "none" to turn that limit off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit<T> {
+    Set(T),
+    None,
+}
+
+impl<T: Copy> Limit<T> {
+    pub fn get(self) -> Option<T> {
+        match self {
+            Limit::Set(v) => Some(v),
+            Limit::None => None,
+        }
+    }
+}
+
+/// Default CPUs: two, so a desktop's Chromium can render while Xvfb draws, or
+/// every CPU of a smaller host.
+fn default_cpus() -> f64 {
+    drums_cgroup::host_cpus().min(2) as f64
+}
+
+impl DaemonArgs {
+    /// The per-session defaults; a disk default left unset is resolved against
+    /// the store when it is open.
+    pub fn default_limits(&self) -> drums_api::Limits {
+        drums_api::Limits {
+            memory_bytes: self.default_memory.get(),
+            pids_max: self.default_pids.get(),
+            cpus: match self.default_cpus {
+                Some(l) => l.get(),
+                None => Some(default_cpus()),
+            },
+            disk_bytes: self.default_disk.and_then(Limit::get),
+        }
+    }
+
+    /// The caps on all sessions together.
+    pub fn sessions_caps(&self) -> drums_cgroup::ParentCaps {
+        let share = drums_cgroup::ParentCaps::host_share();
+        drums_cgroup::ParentCaps {
+            memory_bytes: self.sessions_memory.map_or(share.memory_bytes, Limit::get),
+            pids_max: self.sessions_pids.map_or(share.pids_max, Limit::get),
+        }
+    }
+}
+
+fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        Ok(Limit::None)
+    } else {
+        parse(s).map(Limit::Set)
+    }
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    drums_api::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The same bounds a request's limits are held to, checked when drumsd starts
+/// (exit 2) rather than at the first session.
+fn cgroup_check(l: drums_cgroup::Limits) -> Result<(), String> {
+    l.validate().map_err(|e| e.to_string())
+}
+
+fn parse_memory_arg(s: &str) -> Result<Limit<u64>, String> {
+    none_or(s, |s| {
+        let bytes = parse_size_arg(s)?;
+        cgroup_check(drums_cgroup::Limits {
+            memory_bytes: Some(bytes),
+            ..Default::default()
+        })?;
+        Ok(bytes)
+    })
+}
+
+fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
+    none_or(s, |s| {
+        let pids: u64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid pids limit {s:?}: expected a whole number"))?;
+        cgroup_check(drums_cgroup::Limits {
+            pids_max: Some(pids),
+            ..Default::default()
+        })?;
+        Ok(pids)
+    })
+}
+
+fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, String> {
+    none_or(s, |s| {
+        let cpus: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid cpu limit {s:?}: expected a number such as 0.5"))?;
+        cgroup_check(drums_cgroup::Limits {
+            cpus: Some(cpus),
+            ..Default::default()
+        })?;
+        Ok(cpus)
+    })
+}
+
+fn parse_disk_arg(s: &str) -> Result<Limit<u64>, String> {
+    none_or(s, |s| {
+        let bytes = parse_size_arg(s)?;
+        if bytes < drums_session::limits::MIN_DISK_BYTES {
+            return Err(format!(
+                "disk limit {bytes} bytes is below the minimum of 16 MiB"
+            ));
+        }
+        Ok(bytes)
+    })
 }
 
 fn parse_cidr(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
@@ -190,5 +338,97 @@ mod tests {
             .contains("host bits"));
         assert!(parse_cidr("10.213.0.0").is_err());
         assert!(parse_cidr("10.213.0.0/31").is_err());
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("drumsd").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn limit_defaults() {
+        let cli = parse(&[]).unwrap();
+        let d = cli.daemon.default_limits();
+        assert_eq!(d.memory_bytes, Some(4 << 30));
+        assert_eq!(d.pids_max, Some(2048));
+        assert_eq!(d.cpus, Some(drums_cgroup::host_cpus().min(2) as f64));
+        // Resolved against the store when it is open.
+        assert_eq!(d.disk_bytes, None);
+        assert_eq!(cli.daemon.store_reserve, None);
+        let caps = cli.daemon.sessions_caps();
+        assert_eq!(caps, drums_cgroup::ParentCaps::host_share());
+        assert!(caps.memory_bytes.unwrap() > 0);
+    }
+
+    #[test]
+    fn limit_flags_parse_sizes_and_none() {
+        let cli = parse(&[
+            "--default-memory",
+            "512M",
+            "--default-pids",
+            "none",
+            "--default-cpus",
+            "0.5",
+            "--default-disk",
+            "1.5G",
+            "--sessions-memory",
+            "8G",
+            "--sessions-pids",
+            "10000",
+            "--store-reserve",
+            "1G",
+        ])
+        .unwrap();
+        let d = cli.daemon.default_limits();
+        assert_eq!(d.memory_bytes, Some(512 << 20));
+        assert_eq!(d.pids_max, None);
+        assert_eq!(d.cpus, Some(0.5));
+        assert_eq!(d.disk_bytes, Some(3 << 29));
+        assert_eq!(
+            cli.daemon.sessions_caps(),
+            drums_cgroup::ParentCaps {
+                memory_bytes: Some(8 << 30),
+                pids_max: Some(10000)
+            }
+        );
+        assert_eq!(cli.daemon.store_reserve, Some(1 << 30));
+        let cli = parse(&["--default-disk", "none", "--sessions-memory", "none"]).unwrap();
+        assert_eq!(cli.daemon.default_limits().disk_bytes, None);
+        assert_eq!(cli.daemon.sessions_caps().memory_bytes, None);
+    }
+
+    /// Bad limits stop drumsd before it starts, with exit code 2 and a message
+    /// naming the value.
+    #[test]
+    fn bad_limit_flags_exit_2() {
+        for (flag, value, says) in [
+            ("--default-disk", "0", "must be a positive"),
+            ("--default-disk", "nan", "must be a positive"),
+            ("--default-disk", "inf", "must be a positive"),
+            ("--default-disk", "-1G", "must be a positive"),
+            (
+                "--default-disk",
+                "18446744073709551616",
+                "exceeds the largest size",
+            ),
+            ("--default-disk", "1e30G", "exceeds the largest size"),
+            ("--default-disk", "1M", "below the minimum of 16 MiB"),
+            ("--default-disk", "lots", "use bytes or a number"),
+            ("--store-reserve", "0", "must be a positive"),
+            ("--default-memory", "1M", "below the minimum of 8 MiB"),
+            ("--default-memory", "inf", "must be a positive"),
+            ("--default-pids", "0", "below the minimum of 1"),
+            ("--default-pids", "-5", "expected a whole number"),
+            ("--default-cpus", "nan", "not a finite number"),
+            ("--default-cpus", "0", "below the minimum of 0.01"),
+            ("--default-cpus", "100000", "exceeds the"),
+            ("--sessions-memory", "0", "must be a positive"),
+            ("--sessions-pids", "99999999999", "exceeds the maximum"),
+        ] {
+            // FLAG=VALUE, so "-1G" reaches the parser instead of reading as a flag.
+            let err = parse(&[&format!("{flag}={value}")]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{flag} {value}");
+            let text = err.to_string();
+            assert!(text.contains(says), "{flag} {value}: {text}");
+        }
     }
 }

@@ -200,6 +200,7 @@ fn exec_files_and_limits() {
             memory_bytes: Some(256 << 20),
             pids_max: Some(64),
             cpus: Some(0.5),
+            disk_bytes: None,
         },
         ..Default::default()
     }))

@@ -81,7 +81,9 @@ impl Manager {
         self.catalog
             .record(&owner, ResourceKind::Subvolume, &fs.display().to_string())?;
         let result = async {
-            drums_store::create_subvolume(&fs)?;
+            // In the sessions' qgroup: an archive's fs/ counts against what
+            // sessions may hold, so an import cannot eat drumsd's reserve.
+            drums_store::create_subvolume_with(&fs, &drums_store::QgroupInherit::session(None))?;
             let mut tar = Command::new("tar")
                 .arg("--extract")
                 .arg("--file=-")
@@ -167,7 +169,12 @@ impl Manager {
             let snap = self.checkpoint_snapshot(&m.id);
             self.catalog
                 .record(&owner, ResourceKind::Subvolume, &snap.display().to_string())?;
-            drums_store::snapshot(&staging.join("fs"), &snap, true)?;
+            drums_store::snapshot_with(
+                &staging.join("fs"),
+                &snap,
+                true,
+                &drums_store::QgroupInherit::session(None),
+            )?;
             m.write(&dir)?;
             drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
             self.catalog.publish_checkpoint(

@@ -153,7 +153,11 @@ impl Manager {
                         if let Some(f) = &snapshot_fault {
                             return Err(f.clone());
                         }
-                        drums_store::snapshot(&upper, &target, true)
+                        // In the sessions' qgroup, so siblings snapshotted
+                        // from it join a group their source is already in and
+                        // the kernel never has to rescan.
+                        let inherit = drums_store::QgroupInherit::session(None);
+                        drums_store::snapshot_with(&upper, &target, true, &inherit)
                             .map_err(|e| crate::error_chain(&e))?;
                         // Files and processes are now in the checkpoint: the
                         // inspector starts over from here.

@@ -19,7 +19,7 @@ use crate::{io, process, SessionError};
 impl Manager {
     /// Create a session and return once its guest agent answers.
     pub async fn create(&self, req: &CreateSession) -> Result<Session, SessionError> {
-        let spec = Spec::from_request(req)?;
+        let spec = Spec::from_request(req, &self.limits)?;
         let image = self.images.get(&spec.image)?;
         let id = random_hex(6);
         let name = spec.name.clone().unwrap_or_else(|| id.clone());
@@ -66,7 +66,9 @@ impl Manager {
         let sv = self.store_root.join("sessions").join(id);
         record(ResourceKind::Subvolume, &sv.display().to_string())?;
         let sv2 = sv.clone();
-        tokio::task::spawn_blocking(move || drums_store::create_subvolume(&sv2))
+        // Born in the sessions' qgroup with its own quota: never unlimited.
+        let inherit = drums_store::QgroupInherit::session(spec.limits.disk_bytes);
+        tokio::task::spawn_blocking(move || drums_store::create_subvolume_with(&sv2, &inherit))
             .await
             .expect("no panic")?;
         for d in ["upper", "work"] {
@@ -78,11 +80,7 @@ impl Manager {
             ResourceKind::Cgroup,
             &format!("{}/{}", self.cfg.cgroup_parent, id),
         )?;
-        let limits = drums_cgroup::Limits {
-            memory_bytes: spec.limits.memory_bytes,
-            pids_max: spec.limits.pids_max,
-            cpus: spec.limits.cpus,
-        };
+        let limits = crate::limits::cgroup_limits(&spec.limits);
         let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
         let devices = crate::spec::devices(spec.privileged);
         let cg = tokio::task::spawn_blocking(move || {

@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod faults;
 pub mod inspect;
+pub mod limits;
 pub mod manager;
 pub mod process;
 pub mod restore;
@@ -84,6 +85,14 @@ pub enum SessionError {
     },
     #[error("inspector")]
     Inspect(#[from] drums_inspect::InspectError),
+    #[error(transparent)]
+    Limits(#[from] limits::LimitsError),
+    #[error("checkpoint {checkpoint}: the limits in its manifest")]
+    ManifestLimits {
+        checkpoint: String,
+        #[source]
+        source: limits::ManifestLimitsError,
+    },
     #[error("remove session {id}: {failures}")]
     Teardown { id: String, failures: String },
 }
@@ -91,7 +100,13 @@ pub enum SessionError {
 impl SessionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SessionError::Invalid(_) => ErrorKind::BadRequest,
+            SessionError::Invalid(_) | SessionError::Limits(_) => ErrorKind::BadRequest,
+            // The checkpoint exists but cannot be restored as it is, like one
+            // from an incompatible host.
+            SessionError::ManifestLimits { .. } => ErrorKind::Conflict,
+            // The store (or what it holds for sessions) is full: the request
+            // was fine, the state of the host refuses it for now.
+            e if out_of_room(e) => ErrorKind::Conflict,
             SessionError::NotFound(_)
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
@@ -113,6 +128,21 @@ impl SessionError {
             _ => ErrorKind::Internal,
         }
     }
+}
+
+/// Whether an I/O error anywhere in `e`'s chain is EDQUOT (a full qgroup) or
+/// ENOSPC (a full file system).
+fn out_of_room(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EDQUOT | libc::ENOSPC)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
 }
 
 impl From<drums_catalog::CatalogError> for SessionError {
@@ -154,4 +184,27 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_store_is_a_conflict_not_an_internal_error() {
+        let io = |errno| SessionError::Io {
+            op: "create",
+            path: "/s/upper".into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        assert_eq!(io(libc::EDQUOT).kind(), ErrorKind::Conflict);
+        assert_eq!(io(libc::ENOSPC).kind(), ErrorKind::Conflict);
+        assert_eq!(io(libc::EIO).kind(), ErrorKind::Internal);
+        let store = SessionError::Store(drums_store::StoreError::Snapshot {
+            src: "/a".into(),
+            dst: "/b".into(),
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        });
+        assert_eq!(store.kind(), ErrorKind::Conflict);
+    }
 }

@@ -39,6 +39,16 @@ pub struct ManagerConfig {
     pub cgroup_parent: String,
     /// Size of the sparse btrfs image when the state directory is not on btrfs.
     pub store_size: u64,
+    /// Bytes of the store kept from sessions for drumsd's own subvolume
+    /// creates, snapshots and deletes: all sessions and checkpoints together are
+    /// limited (one qgroup) to the store's size minus this. `None`: 10% of the
+    /// store, at least [`MIN_STORE_RESERVE`].
+    pub store_reserve: Option<u64>,
+    /// Limits a session gets where its request names none. `disk_bytes: None`
+    /// means the smaller of 10 GiB and what the store holds for sessions.
+    pub default_limits: Limits,
+    /// What all sessions together may use (the parent cgroup's limits).
+    pub sessions_caps: drums_cgroup::ParentCaps,
     pub fault_injection: bool,
     pub ready_timeout: Duration,
 }
@@ -67,7 +77,19 @@ pub struct Manager {
     /// Loads its eBPF programs with the first inspected session.
     pub(crate) inspector: drums_inspect::Inspector,
     pub(crate) turns: tokio::sync::broadcast::Sender<crate::inspect::TurnNews>,
+    /// The defaults and bounds every request and manifest is held to.
+    pub(crate) limits: crate::limits::LimitPolicy,
 }
+
+/// The disk quota a session gets when neither its request nor drumsd's config
+/// names one: room for a desktop's browser profile and caches, an apt or pip
+/// install or two, and a build tree.
+pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;
+
+/// The least of the store kept for drumsd by default: a subvolume delete or a
+/// snapshot needs metadata space in the worst case of a few hundred MiB on a
+/// store that sessions have filled.
+pub const MIN_STORE_RESERVE: u64 = 256 << 20;
 
 impl Manager {
     /// Open everything, sweep what a previous daemon left, and make the bridge.
@@ -101,6 +123,7 @@ impl Manager {
         }
         std::fs::create_dir_all(store_root.join("sessions"))
             .map_err(io("create", store_root.join("sessions")))?;
+        let limits = quota_store(&store_root, &cfg)?;
 
         let net = Net::new().await?;
         // A tmpfs of our own as CRIU's /run, so it can cache its kernel probes
@@ -158,6 +181,7 @@ impl Manager {
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
+            limits,
         };
         m.sweep().await;
 
@@ -175,15 +199,24 @@ impl Manager {
                 &m.cfg.bridge_services,
             )
             .await?;
-        // The cgroup parent is made by the first session; recorded now so the
-        // shutdown removes it.
+        // The cgroup parent, with the caps on all sessions together; after the
+        // sweep, so a previous daemon's sessions no longer count against them.
         m.catalog
             .record(DAEMON, ResourceKind::Cgroup, &m.cfg.cgroup_parent)?;
+        let (parent, caps) = (m.cfg.cgroup_parent.clone(), m.cfg.sessions_caps);
+        tokio::task::spawn_blocking(move || drums_cgroup::ensure_parent(&parent, &caps))
+            .await
+            .expect("no panic")?;
         Ok(m)
     }
 
     pub fn config(&self) -> &ManagerConfig {
         &self.cfg
+    }
+
+    /// The limits every session is held to, with the defaults resolved.
+    pub fn limit_policy(&self) -> &crate::limits::LimitPolicy {
+        &self.limits
     }
 
     pub(crate) fn gateway(&self) -> Ipv4Addr {
@@ -417,6 +450,53 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         origin: r.origin,
         privileged: r.privileged,
     }
+}
+
+/// Turn quotas on for the store, cap all of drums' subvolumes together at the
+/// store's size minus the reserve, and resolve the disk default against that.
+fn quota_store(
+    store_root: &Path,
+    cfg: &ManagerConfig,
+) -> Result<crate::limits::LimitPolicy, SessionError> {
+    let fs = nix::sys::statfs::statfs(store_root).map_err(|e| SessionError::Io {
+        op: "statfs",
+        path: store_root.into(),
+        source: e.into(),
+    })?;
+    let size = fs.blocks() * fs.block_size() as u64;
+    let reserve = cfg
+        .store_reserve
+        .unwrap_or_else(|| (size / 10).max(MIN_STORE_RESERVE));
+    let room = size
+        .checked_sub(reserve)
+        .filter(|r| *r > 0)
+        .ok_or_else(|| {
+            SessionError::Invalid(format!(
+            "store reserve of {reserve} bytes leaves nothing of the {size}-byte store for sessions"
+        ))
+        })?;
+    drums_store::enable_quota(store_root)?;
+    drums_store::ensure_qgroup(store_root, drums_store::SESSIONS_QGROUP)?;
+    // Referenced, for the group: every byte its members reach, counted once.
+    drums_store::limit_qgroup(
+        store_root,
+        drums_store::SESSIONS_QGROUP,
+        drums_store::QgroupLimitKind::Referenced,
+        Some(room),
+    )?;
+    let mut defaults = cfg.default_limits.clone();
+    if defaults.disk_bytes.is_none() {
+        defaults.disk_bytes = Some(DEFAULT_DISK_BYTES.min(room));
+    }
+    let policy = crate::limits::LimitPolicy {
+        defaults,
+        max_disk_bytes: room,
+    };
+    // A default that no session could get is a configuration error, found now
+    // rather than at the first create.
+    policy.validate(&policy.defaults)?;
+    info!(store_bytes = size, sessions_bytes = room, defaults = ?policy.defaults, "limits");
+    Ok(policy)
 }
 
 /// Copy drums-init and drums-guest next to the state, atomically (rename), and

@@ -72,11 +72,22 @@ impl Manager {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(ck.id.clone(), newest);
         }
+        // Before anything is made: the siblings' limits, the checkpoint's own
+        // with today's defaults where it names none.
+        let limits = self
+            .limits
+            .from_manifest(&m.session.limits)
+            .map_err(|source| SessionError::ManifestLimits {
+                checkpoint: ck.id.clone(),
+                source,
+            })?;
         // Looked up once for all siblings: their overlay's lower layer.
         let lower = self.images.get(&m.session.image)?.rootfs;
 
-        let results =
-            futures::future::join_all((0..count).map(|_| self.restore_one(&m, &lower, name))).await;
+        let results = futures::future::join_all(
+            (0..count).map(|_| self.restore_one(&m, &limits, &lower, name)),
+        )
+        .await;
         let mut sessions = Vec::new();
         let mut first_err = None;
         for r in results {
@@ -108,6 +119,7 @@ impl Manager {
     async fn restore_one(
         &self,
         m: &Manifest,
+        limits: &drums_api::Limits,
         lower: &std::path::Path,
         name: Option<&str>,
     ) -> Result<Session, SessionError> {
@@ -132,7 +144,7 @@ impl Manager {
             egress: egress.as_str().into(),
             ip: None,
             mac: None,
-            limits: m.session.limits.clone(),
+            limits: serde_json::to_value(limits).expect("limits serialize"),
             init_pid: None,
             created_at_ms: drums_catalog::now_ms(),
             generation: m.session.generation + 1,
@@ -141,7 +153,7 @@ impl Manager {
         };
         let pool = (rec.network == "bridge").then(|| self.pool());
         let rec = self.catalog.insert_session(rec, pool)?;
-        let built = self.build_sibling(&rec, m, lower).await;
+        let built = self.build_sibling(&rec, m, limits, lower).await;
         self.settle(&rec, built).await
     }
 
@@ -149,6 +161,7 @@ impl Manager {
         &self,
         rec: &SessionRecord,
         m: &Manifest,
+        limits: &drums_api::Limits,
         lower: &std::path::Path,
     ) -> Result<i32, SessionError> {
         let id = &rec.id;
@@ -163,22 +176,21 @@ impl Manager {
         let sv = self.store_root.join("sessions").join(id);
         record(ResourceKind::Subvolume, &sv.display().to_string())?;
         let (src, dst) = (self.checkpoint_snapshot(&m.id), sv.clone());
-        tokio::task::spawn_blocking(move || drums_store::snapshot(&src, &dst, false))
-            .await
-            .expect("no panic")?;
+        // The sibling's own quota, set in the snapshot ioctl itself: the same
+        // budget for new writes as its checkpoint's session had.
+        let inherit = drums_store::QgroupInherit::session(limits.disk_bytes);
+        tokio::task::spawn_blocking(move || {
+            drums_store::snapshot_with(&src, &dst, false, &inherit)
+        })
+        .await
+        .expect("no panic")?;
 
         self.faults.check("restore.cgroup")?;
         record(
             ResourceKind::Cgroup,
             &format!("{}/{}", self.cfg.cgroup_parent, id),
         )?;
-        let limits: drums_api::Limits =
-            serde_json::from_value(m.session.limits.clone()).unwrap_or_default();
-        let limits = drums_cgroup::Limits {
-            memory_bytes: limits.memory_bytes,
-            pids_max: limits.pids_max,
-            cpus: limits.cpus,
-        };
+        let limits = crate::limits::cgroup_limits(limits);
         let (parent, name) = (self.cfg.cgroup_parent.clone(), id.clone());
         let devices = crate::spec::devices(m.session.privileged);
         let cg = tokio::task::spawn_blocking(move || {

@@ -3,6 +3,7 @@
 
 use drums_api::{CreateSession, Limits};
 
+use crate::limits::LimitPolicy;
 use crate::SessionError;
 
 /// Profiles this build can start.
@@ -99,7 +100,8 @@ pub fn validate_name(name: &str) -> Result<(), SessionError> {
 }
 
 impl Spec {
-    pub fn from_request(req: &CreateSession) -> Result<Spec, SessionError> {
+    /// Validate `req`; limits it does not name come from `policy`'s defaults.
+    pub fn from_request(req: &CreateSession, policy: &LimitPolicy) -> Result<Spec, SessionError> {
         if let Some(n) = &req.name {
             validate_name(n)?;
         }
@@ -150,19 +152,12 @@ impl Spec {
                 "egress nat needs network bridge".into(),
             ));
         }
-        let limits = drums_cgroup::Limits {
-            memory_bytes: req.limits.memory_bytes,
-            pids_max: req.limits.pids_max,
-            cpus: req.limits.cpus,
-        };
-        limits
-            .validate()
-            .map_err(|e| SessionError::Invalid(e.to_string()))?;
+        let limits = policy.effective(&req.limits)?;
         Ok(Spec {
             name: req.name.clone(),
             profile,
             image: req.image.clone().unwrap_or_else(|| default_image.into()),
-            limits: req.limits.clone(),
+            limits,
             network,
             egress,
             desktop,
@@ -235,12 +230,27 @@ pub fn hostname_for(name: &str, id: &str) -> String {
 mod tests {
     use super::*;
 
+    fn policy() -> LimitPolicy {
+        LimitPolicy {
+            defaults: Limits {
+                memory_bytes: Some(4 << 30),
+                pids_max: Some(2048),
+                cpus: Some(1.0),
+                disk_bytes: Some(10 << 30),
+            },
+            max_disk_bytes: 50 << 30,
+        }
+    }
+
     #[test]
     fn desktop_defaults_and_bad_desktop_input() {
-        let d = Spec::from_request(&CreateSession {
-            profile: Some("desktop".into()),
-            ..Default::default()
-        })
+        let d = Spec::from_request(
+            &CreateSession {
+                profile: Some("desktop".into()),
+                ..Default::default()
+            },
+            &policy(),
+        )
         .unwrap();
         assert_eq!(d.image, "desktop");
         assert_eq!(
@@ -250,7 +260,7 @@ mod tests {
                 url: None
             })
         );
-        let h = Spec::from_request(&CreateSession::default()).unwrap();
+        let h = Spec::from_request(&CreateSession::default(), &policy()).unwrap();
         assert_eq!((h.image.as_str(), h.desktop), ("default", None));
         let with = |screen: &str, url: Option<&str>| CreateSession {
             profile: Some("desktop".into()),
@@ -260,7 +270,9 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(Spec::from_request(&with("1920x1080", Some("https://example.com"))).is_ok());
+        assert!(
+            Spec::from_request(&with("1920x1080", Some("https://example.com")), &policy()).is_ok()
+        );
         for bad in [
             "1920",
             "0x0",
@@ -269,7 +281,7 @@ mod tests {
             "99999x10",
             "axb",
         ] {
-            let e = Spec::from_request(&with(bad, None))
+            let e = Spec::from_request(&with(bad, None), &policy())
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("invalid screen"), "{bad:?}: {e}");
@@ -280,14 +292,16 @@ mod tests {
             "a:\nb",
             "",
         ] {
-            let e = Spec::from_request(&with("800x600", Some(bad)))
+            let e = Spec::from_request(&with("800x600", Some(bad)), &policy())
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("invalid url"), "{bad:?}: {e}");
         }
         let mut headless = with("800x600", None);
         headless.profile = None;
-        let e = Spec::from_request(&headless).unwrap_err().to_string();
+        let e = Spec::from_request(&headless, &policy())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("need the desktop profile"), "{e}");
     }
 
@@ -301,25 +315,34 @@ mod tests {
             profile: Some("gpu".into()),
             ..Default::default()
         };
-        assert!(Spec::from_request(&r)
+        assert!(Spec::from_request(&r, &policy())
             .unwrap_err()
             .to_string()
             .starts_with("unknown profile \"gpu\""));
         r.profile = None;
         r.network = Some("host".into());
-        assert!(Spec::from_request(&r)
+        assert!(Spec::from_request(&r, &policy())
             .unwrap_err()
             .to_string()
             .contains("use bridge or none"));
         r.network = None;
         r.limits.memory_bytes = Some(1000);
-        assert!(Spec::from_request(&r).is_err());
+        assert!(Spec::from_request(&r, &policy()).is_err());
         r.limits = Limits {
             memory_bytes: Some(256 << 20),
             pids_max: Some(100),
             cpus: Some(0.5),
+            disk_bytes: None,
         };
-        let s = Spec::from_request(&r).unwrap();
+        let s = Spec::from_request(&r, &policy()).unwrap();
+        // What the request names wins; the defaults fill the rest.
+        assert_eq!(s.limits.memory_bytes, Some(256 << 20));
+        assert_eq!(s.limits.disk_bytes, Some(10 << 30));
+        r.limits.disk_bytes = Some(0);
+        assert!(Spec::from_request(&r, &policy())
+            .unwrap_err()
+            .to_string()
+            .contains("below the minimum of 16 MiB"));
         assert_eq!(s.image, "default");
         assert_eq!(s.network, Network::Bridge);
         assert_eq!(s.egress, Egress::None, "egress is off by default");

@@ -15,12 +15,13 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
 
+use crate::quota::QgroupInherit;
 use crate::StoreError;
 
 /// The inode number of every subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID).
 const SUBVOL_ROOT_INO: u64 = 256;
 /// The btrfs ioctl magic, 0x94.
-const BTRFS_IOCTL_MAGIC: u8 = 0x94;
+pub(crate) const BTRFS_IOCTL_MAGIC: u8 = 0x94;
 /// BTRFS_PATH_NAME_MAX: the name buffer of btrfs_ioctl_vol_args is this plus one.
 const PATH_NAME_MAX: usize = 4087;
 /// BTRFS_SUBVOL_NAME_MAX: the name buffer of btrfs_ioctl_vol_args_v2 is this plus one.
@@ -29,6 +30,9 @@ const SUBVOL_NAME_MAX: usize = 4039;
 const NAME_MAX: usize = 255;
 /// BTRFS_SUBVOL_RDONLY: the flag snapshot creation takes.
 const SUBVOL_RDONLY: u64 = 1 << 1;
+/// BTRFS_SUBVOL_QGROUP_INHERIT: vol_args_v2's first union holds a
+/// btrfs_qgroup_inherit pointer and its size.
+const SUBVOL_QGROUP_INHERIT: u64 = 1 << 2;
 /// BTRFS_ROOT_SUBVOL_RDONLY (linux/btrfs_tree.h): the same property as stored in the
 /// root item, which is what GET_SUBVOL_INFO reports; a different bit.
 const ROOT_SUBVOL_RDONLY: u64 = 1 << 0;
@@ -41,8 +45,9 @@ pub(crate) struct VolArgs {
 }
 
 /// struct btrfs_ioctl_vol_args_v2. The kernel's first union (`size` +
-/// `qgroup_inherit` / `unused[4]`) is flattened into `unused`, which is always zero
-/// here; the second union (`name` / `devid` / `subvolid`) is only ever used as `name`.
+/// `qgroup_inherit` / `unused[4]`) is flattened into `unused`: zero, or with
+/// [`SUBVOL_QGROUP_INHERIT`] the inherit's size in `unused[0]` and its address in
+/// `unused[1]`; the second union (`name` / `devid` / `subvolid`) is only ever used as `name`.
 #[repr(C)]
 pub(crate) struct VolArgsV2 {
     pub fd: i64,
@@ -96,9 +101,9 @@ const _: () = assert!(std::mem::offset_of!(GetSubvolInfoArgs, ctime) == 376);
 mod ioctl {
     use super::{GetSubvolInfoArgs, VolArgs, VolArgsV2, BTRFS_IOCTL_MAGIC};
 
-    nix::ioctl_write_ptr!(subvol_create, BTRFS_IOCTL_MAGIC, 14, VolArgs);
     nix::ioctl_write_ptr!(snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
     nix::ioctl_write_ptr!(snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
+    nix::ioctl_write_ptr!(subvol_create_v2, BTRFS_IOCTL_MAGIC, 24, VolArgsV2);
     nix::ioctl_read!(get_subvol_info, BTRFS_IOCTL_MAGIC, 60, GetSubvolInfoArgs);
 }
 
@@ -121,23 +126,47 @@ pub struct SubvolumeInfo {
 /// Create an empty subvolume at `path`, whose parent directory must be on btrfs and
 /// which must not exist yet.
 pub fn create_subvolume(path: &Path) -> Result<(), StoreError> {
+    create_subvolume_with(path, &QgroupInherit::default())
+}
+
+/// [`create_subvolume`], joining the qgroups and taking the limit of `inherit` in
+/// the same ioctl, so the subvolume never exists unaccounted.
+pub fn create_subvolume_with(path: &Path, inherit: &QgroupInherit) -> Result<(), StoreError> {
     let (parent, name) = split(path)?;
     let dir = open_dir(parent)?;
-    let mut args = VolArgs {
+    let words = inherit.to_words();
+    let mut args = VolArgsV2 {
         fd: 0,
-        name: [0; PATH_NAME_MAX + 1],
+        transid: 0,
+        flags: 0,
+        unused: [0; 4],
+        name: [0; SUBVOL_NAME_MAX + 1],
     };
+    set_inherit(&mut args, inherit, &words);
     args.name[..name.len()].copy_from_slice(name.as_bytes());
     // SAFETY: `dir` is an open directory fd for the call's duration and `args` is a
-    // properly initialised btrfs_ioctl_vol_args (layout checked above) with a
-    // NUL-terminated name, which the kernel only reads.
-    unsafe { ioctl::subvol_create(dir.as_raw_fd(), &args) }.map_err(|errno| StoreError::Ioctl {
-        op: "create subvolume",
-        path: path.into(),
-        source: errno.into(),
+    // properly initialised btrfs_ioctl_vol_args_v2 (layout checked above) with a
+    // NUL-terminated name; when it points at `words` (the inherit), that vector
+    // outlives the call and holds exactly the size given. The kernel only reads.
+    unsafe { ioctl::subvol_create_v2(dir.as_raw_fd(), &args) }.map_err(|errno| {
+        StoreError::Ioctl {
+            op: "create subvolume",
+            path: path.into(),
+            source: errno.into(),
+        }
     })?;
-    tracing::debug!(path = %path.display(), "created subvolume");
+    tracing::debug!(path = %path.display(), ?inherit, "created subvolume");
     Ok(())
+}
+
+/// Point `args` at the inherit in `words`, unless there is nothing to inherit.
+fn set_inherit(args: &mut VolArgsV2, inherit: &QgroupInherit, words: &[u64]) {
+    if inherit.is_empty() {
+        return;
+    }
+    args.flags |= SUBVOL_QGROUP_INHERIT;
+    args.unused[0] = std::mem::size_of_val(words) as u64;
+    args.unused[1] = words.as_ptr() as u64;
 }
 
 /// Delete the subvolume at `path`. Returns `Ok(false)` if nothing is there. A
@@ -195,6 +224,17 @@ pub fn delete_subvolume(path: &Path) -> Result<bool, StoreError> {
 /// Snapshot the subvolume `src` to the new path `dst` (O(1): the snapshot shares
 /// every extent with `src` until either side writes).
 pub fn snapshot(src: &Path, dst: &Path, readonly: bool) -> Result<(), StoreError> {
+    snapshot_with(src, dst, readonly, &QgroupInherit::default())
+}
+
+/// [`snapshot`], joining the qgroups and taking the limit of `inherit` in the same
+/// ioctl.
+pub fn snapshot_with(
+    src: &Path,
+    dst: &Path,
+    readonly: bool,
+    inherit: &QgroupInherit,
+) -> Result<(), StoreError> {
     // The kernel answers a plain directory with EINVAL; say what is actually wrong.
     if !is_subvolume(src) {
         return Err(StoreError::NotSubvolume { path: src.into() });
@@ -209,10 +249,13 @@ pub fn snapshot(src: &Path, dst: &Path, readonly: bool) -> Result<(), StoreError
         unused: [0; 4],
         name: [0; SUBVOL_NAME_MAX + 1],
     };
+    let words = inherit.to_words();
+    set_inherit(&mut args, inherit, &words);
     args.name[..name.len()].copy_from_slice(name.as_bytes());
     // SAFETY: `dir` and `source` are open fds for the call's duration and `args` is a
-    // properly initialised btrfs_ioctl_vol_args_v2 (layout checked above) with
-    // zeroed reserved fields and a NUL-terminated name, which the kernel only reads.
+    // properly initialised btrfs_ioctl_vol_args_v2 (layout checked above) with a
+    // NUL-terminated name and either zeroed reserved fields or a pointer to `words`
+    // (the inherit), which outlives the call. The kernel only reads.
     unsafe { ioctl::snap_create_v2(dir.as_raw_fd(), &args) }.map_err(|errno| {
         StoreError::Snapshot {
             src: src.into(),

@@ -11,6 +11,7 @@
 mod btrfs;
 mod loopdev;
 mod mountinfo;
+mod quota;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -24,8 +25,11 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
 
 pub use btrfs::{
-    create_subvolume, delete_subvolume, is_subvolume, snapshot, subvolume_generation,
-    subvolume_info, SubvolumeInfo,
+    create_subvolume, create_subvolume_with, delete_subvolume, is_subvolume, snapshot,
+    snapshot_with, subvolume_generation, subvolume_info, SubvolumeInfo,
+};
+pub use quota::{
+    enable_quota, ensure_qgroup, limit_qgroup, QgroupInherit, QgroupLimitKind, SESSIONS_QGROUP,
 };
 
 /// Where the btrfs superblock's magic lives in a device: the primary superblock

@@ -253,3 +253,95 @@ fn tiny_image_is_refused_before_mkfs() {
         "store image size 1048576 bytes is below the minimum of 128 MiB"
     );
 }
+
+/// Write `bytes` to a new file in `dir` in 1 MiB chunks, syncing as it goes;
+/// returns the bytes written and the error that stopped it, if any.
+fn fill(dir: &Path, name: &str, bytes: u64) -> (u64, Option<std::io::Error>) {
+    let mut f = fs::File::create(dir.join(name)).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0;
+    while written < bytes {
+        if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_data()) {
+            return (written, Some(e));
+        }
+        written += chunk.len() as u64;
+    }
+    (written, None)
+}
+
+#[test]
+fn qgroups_limit_a_subvolume_its_snapshots_and_the_group() {
+    use drums_store::{
+        create_subvolume_with, enable_quota, ensure_qgroup, limit_qgroup, snapshot_with,
+        QgroupInherit, QgroupLimitKind, SESSIONS_QGROUP,
+    };
+    const MIB: u64 = 1 << 20;
+    let tmp = state_dir();
+    let state = fs::canonicalize(tmp.path()).unwrap();
+    let _guard = MountGuard(state.join("store"));
+    let store = Store::open(&state, GIB).unwrap();
+    let root = store.root().to_path_buf();
+    enable_quota(&root).unwrap();
+    // Twice is fine: a daemon restart enables again.
+    enable_quota(&root).unwrap();
+    ensure_qgroup(&root, SESSIONS_QGROUP).unwrap();
+    ensure_qgroup(&root, SESSIONS_QGROUP).unwrap();
+    limit_qgroup(
+        &root,
+        SESSIONS_QGROUP,
+        QgroupLimitKind::Referenced,
+        Some(400 * MIB),
+    )
+    .unwrap();
+
+    // A session-like subvolume limited to 64 MiB: the write past it fails with
+    // EDQUOT, the quota errno, and what fits is kept.
+    let a = root.join("a");
+    create_subvolume_with(&a, &QgroupInherit::session(Some(64 * MIB))).unwrap();
+    let (written, err) = fill(&a, "fill", 200 * MIB);
+    let err = err.expect("a 64 MiB quota stops a 200 MiB write");
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    assert!(
+        (32 * MIB..=64 * MIB).contains(&written),
+        "wrote {written} bytes under a 64 MiB quota"
+    );
+    // Deleting frees quota again.
+    fs::remove_file(a.join("fill")).unwrap();
+    nix::unistd::sync();
+    let (_, err) = fill(&a, "small", 8 * MIB);
+    assert!(err.is_none(), "{err:?}");
+
+    // A read-only snapshot (a checkpoint) and a writable snapshot of it (a
+    // sibling) with the same limit. The limit bounds exclusive bytes, so the
+    // sibling starts with what the checkpoint holds and the same budget for new
+    // writes; nothing it shares counts against it.
+    let ro = root.join("ro");
+    snapshot_with(&a, &ro, true, &QgroupInherit::session(None)).unwrap();
+    let b = root.join("b");
+    snapshot_with(&ro, &b, false, &QgroupInherit::session(Some(64 * MIB))).unwrap();
+    assert_eq!(fs::metadata(b.join("small")).unwrap().len(), 8 * MIB);
+    let (written, err) = fill(&b, "fill", 200 * MIB);
+    let err = err.expect("the sibling's quota stops it too");
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    assert!(
+        (32 * MIB..=64 * MIB).contains(&written),
+        "sibling wrote {written} bytes"
+    );
+
+    // Lifting a subvolume's limit leaves the group's: all members together
+    // stop at 400 MiB although the file system has room for more.
+    limit_qgroup(&b, 0, QgroupLimitKind::Exclusive, None).unwrap();
+    let (written, err) = fill(&b, "more", 1024 * MIB);
+    let err = err.expect("the group's limit stops the unlimited member");
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    assert!(
+        written < 400 * MIB,
+        "wrote {written} bytes past a 400 MiB group"
+    );
+
+    for sv in [&b, &ro, &a] {
+        assert!(delete_subvolume(sv).unwrap());
+    }
+    store.close().unwrap();
+    assert_cleaned_up(&root, &state.join("store.img"));
+}

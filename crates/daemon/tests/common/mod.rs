@@ -66,10 +66,17 @@ pub struct TestDaemon {
     pub cgroup_parent: String,
     pub child: Option<Child>,
     pub client: Client,
+    /// Flags added to every start of this daemon.
+    pub extra_args: Vec<String>,
 }
 
 impl TestDaemon {
     pub fn start() -> TestDaemon {
+        TestDaemon::start_with(&[])
+    }
+
+    /// [`TestDaemon::start`] with more drumsd flags.
+    pub fn start_with(extra_args: &[&str]) -> TestDaemon {
         require_root();
         let k = NEXT.fetch_add(1, Ordering::SeqCst);
         let tag = (std::process::id() % 200) as u32 + k * 7;
@@ -83,6 +90,7 @@ impl TestDaemon {
             cgroup_parent: format!("drums-test-{}-{}", std::process::id(), k),
             state,
             child: None,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         let subnet = format!("10.214.{}.0/24", tag % 250);
         let mut d = d;
@@ -113,6 +121,7 @@ impl TestDaemon {
                 &self.cgroup_parent,
             ])
             .args(["--store-gib", "4", "--enable-fault-injection"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
