@@ -569,6 +569,7 @@ fn parent_caps_bound_every_child() {
             pids_max: Some(100),
             ..Limits::default()
         },
+        Devices::AllowList,
     )
     .unwrap();
     let mut sh = Command::new("sh")

@@ -355,17 +355,17 @@ mod tests {
             egress: egress.map(Into::into),
             ..Default::default()
         };
-        let nat = Spec::from_request(&req(None, Some("nat"))).unwrap();
+        let nat = Spec::from_request(&req(None, Some("nat")), &policy()).unwrap();
         assert_eq!(nat.egress, Egress::Nat);
-        let none = Spec::from_request(&req(Some("none"), Some("none"))).unwrap();
+        let none = Spec::from_request(&req(Some("none"), Some("none")), &policy()).unwrap();
         assert_eq!(none.egress, Egress::None);
         for bad in ["NAT", "open", "", "nat "] {
-            let e = Spec::from_request(&req(None, Some(bad)))
+            let e = Spec::from_request(&req(None, Some(bad)), &policy())
                 .unwrap_err()
                 .to_string();
             assert_eq!(e, format!("unknown egress {bad:?}: use none or nat"));
         }
-        let e = Spec::from_request(&req(Some("none"), Some("nat")))
+        let e = Spec::from_request(&req(Some("none"), Some("nat")), &policy())
             .unwrap_err()
             .to_string();
         assert_eq!(e, "egress nat needs network bridge");
