@@ -86,6 +86,20 @@ fn expected() -> BTreeMap<&'static str, (&'static str, Option<i32>)> {
         "raw socket on the host bridge",
         ("network namespace", Some(ENODEV)),
     );
+    m.insert(
+        "reach a host service on the bridge address",
+        (
+            "drumsd's firewall (input from the bridge dropped)",
+            Some(ETIMEDOUT),
+        ),
+    );
+    m.insert(
+        "reach another session",
+        (
+            "isolated bridge ports and drumsd's firewall (bridge to bridge dropped)",
+            Some(ETIMEDOUT),
+        ),
+    );
     // What this kernel does not have cannot be reached either; said so
     // rather than counted for a control.
     for (a, path) in [
@@ -131,12 +145,51 @@ fn host_block_device() -> (u32, u32) {
     found.expect("a block device on this host")
 }
 
-async fn attempts(d: &TestDaemon, session: &str) -> Vec<Attempt> {
+/// What the network attempts aim at: a service the test runs on the host's
+/// bridge address, and a neighbour session's server. Both answer the host, so
+/// a refusal from inside a session is the firewall's, not a dead target.
+struct Targets {
+    host_service: (String, u16),
+    neighbour: (String, u16),
+    _listener: std::net::TcpListener,
+}
+
+fn targets(d: &TestDaemon, neighbour: &drums_api::Session) -> Targets {
+    let gateway = d.subnet().split('/').next().unwrap().to_owned();
+    let gateway: std::net::Ipv4Addr = gateway.parse().unwrap();
+    let gateway = std::net::Ipv4Addr::from(u32::from(gateway) + 1);
+    let listener = std::net::TcpListener::bind((gateway, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::net::TcpStream::connect((gateway, port)).expect("the host service answers the host");
+    let ip = neighbour.ip.clone().expect("a bridged neighbour");
+    let (code, _, err) = d.sh(
+        &neighbour.id,
+        "nohup python3 -m http.server 8000 >/dev/null 2>&1 & sleep 0.5",
+    );
+    assert_eq!(code, 0, "{err}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect((ip.as_str(), 8000)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the neighbour's server answers the host"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Targets {
+        host_service: (gateway.to_string(), port),
+        neighbour: (ip, 8000),
+        _listener: listener,
+    }
+}
+
+async fn attempts(d: &TestDaemon, session: &str, t: &Targets) -> Vec<Attempt> {
     let (major, minor) = host_block_device();
     let args = serde_json::json!({
         "host_pid": std::process::id(),
         "block": [major, minor],
         "bridge": d.bridge,
+        "host_service": [t.host_service.0, t.host_service.1],
+        "neighbour": [t.neighbour.0, t.neighbour.1],
     });
     let req = ExecRequest {
         argv: vec![
@@ -257,12 +310,14 @@ fn assert_not_confined(got: &[Attempt]) {
 fn headless_session_and_its_restored_sibling_cannot_escape() {
     let mut d = TestDaemon::start();
     run(async {
+        let n = d.create(&CreateSession::default()).await.unwrap();
+        let t = targets(&d, &n);
         let s = d.create(&CreateSession::default()).await.unwrap();
-        assert_confined("headless", &attempts(&d, &s.id).await);
+        assert_confined("headless", &attempts(&d, &s.id, &t).await);
 
         let ck = d.checkpoint(&s.id, false, true).await;
         let sib = d.restore(&ck.id, 1).await.unwrap().sessions.remove(0);
-        assert_confined("restored sibling", &attempts(&d, &sib.id).await);
+        assert_confined("restored sibling", &attempts(&d, &sib.id, &t).await);
 
         let p = d
             .create(&CreateSession {
@@ -272,14 +327,14 @@ fn headless_session_and_its_restored_sibling_cannot_escape() {
             .await
             .unwrap();
         assert!(p.privileged);
-        assert_not_confined(&attempts(&d, &p.id).await);
+        assert_not_confined(&attempts(&d, &p.id, &t).await);
         let pck = d.checkpoint(&p.id, false, true).await;
         let psib = d.restore(&pck.id, 1).await.unwrap().sessions.remove(0);
         assert!(
             psib.privileged,
             "a privileged session's siblings stay privileged"
         );
-        for id in [&s.id, &sib.id, &p.id, &psib.id] {
+        for id in [&n.id, &s.id, &sib.id, &p.id, &psib.id] {
             d.rm(id).await.unwrap();
         }
     });
@@ -294,6 +349,8 @@ fn desktop_session_and_its_restored_sibling_cannot_escape() {
     );
     let mut d = TestDaemon::start();
     run(async {
+        let n = d.create(&CreateSession::default()).await.unwrap();
+        let t = targets(&d, &n);
         let s = d
             .create(&CreateSession {
                 profile: Some("desktop".into()),
@@ -301,11 +358,11 @@ fn desktop_session_and_its_restored_sibling_cannot_escape() {
             })
             .await
             .unwrap();
-        assert_confined("desktop", &attempts(&d, &s.id).await);
+        assert_confined("desktop", &attempts(&d, &s.id, &t).await);
         let ck = d.checkpoint(&s.id, true, true).await;
         let sib = d.restore(&ck.id, 1).await.unwrap().sessions.remove(0);
-        assert_confined("restored desktop sibling", &attempts(&d, &sib.id).await);
-        for id in [&s.id, &sib.id] {
+        assert_confined("restored desktop sibling", &attempts(&d, &sib.id, &t).await);
+        for id in [&n.id, &s.id, &sib.id] {
             d.rm(id).await.unwrap();
         }
     });

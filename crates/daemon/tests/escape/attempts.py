@@ -150,6 +150,22 @@ def raw_on_bridge():
         s.close()
 py("raw socket on the host bridge", raw_on_bridge)
 
+def connect(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect((addr[0], addr[1]))
+    except socket.timeout:
+        # Dropped, not refused: a session learns nothing of what is there.
+        raise OSError(E.ETIMEDOUT, "timed out")
+    finally:
+        s.close()
+
+if ARGS.get("host_service"):
+    py("reach a host service on the bridge address", lambda: connect(ARGS["host_service"]))
+if ARGS.get("neighbour"):
+    py("reach another session", lambda: connect(ARGS["neighbour"]))
+
 # --- what the session holds -----------------------------------------------------
 status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
 report("capabilities", False, None,
