@@ -381,3 +381,13 @@ pub struct AgentMarked {
     /// Every process now excluded, the marked one first.
     pub pids: Vec<i32>,
 }
+
+/// `GET /v1/keys/host`: the key this host signs checkpoint archives with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostKey {
+    /// `ed25519 <base64 public key>`.
+    pub key: String,
+    /// The key with a comment naming this host: the line to add to another
+    /// host's `STATE/trusted-keys` for it to accept this host's archives.
+    pub trusted_keys_line: String,
+}

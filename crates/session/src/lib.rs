@@ -32,6 +32,8 @@ pub enum ErrorKind {
     BadRequest,
     NotFound,
     Conflict,
+    /// Refused for lack of trust (an unsigned archive, an unknown signer).
+    Forbidden,
     Internal,
 }
 
@@ -68,6 +70,10 @@ pub enum SessionError {
     Criu(#[from] drums_criu::CriuError),
     #[error("checkpoint")]
     Checkpoint(#[from] drums_checkpoint::CheckpointError),
+    #[error("checkpoint archive")]
+    Archive(#[from] drums_checkpoint::archive::ArchiveError),
+    #[error("host key")]
+    Key(#[from] drums_checkpoint::keys::KeyError),
     #[error("hygiene: {0}")]
     Hygiene(String),
     #[error("desktop: {0}")]
@@ -110,6 +116,11 @@ impl SessionError {
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
                 ..
             }) => ErrorKind::Conflict,
+            SessionError::Archive(e) if e.is_untrusted() => ErrorKind::Forbidden,
+            SessionError::Archive(drums_checkpoint::archive::ArchiveError::Io { .. }) => {
+                ErrorKind::Internal
+            }
+            SessionError::Archive(_) => ErrorKind::BadRequest,
             _ => ErrorKind::Internal,
         }
     }
