@@ -351,6 +351,8 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
     );
     let mut manifest: Option<Manifest> = None;
     let mut signature: Option<Vec<u8>> = None;
+    // Where the signature's content ends: all that follows must be zeros.
+    let mut signature_end = 0u64;
     let mut last_end = 0u64;
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut symlinks: HashSet<PathBuf> = HashSet::new();
@@ -396,6 +398,7 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
             }
             let mut text = Vec::new();
             e.read_to_end(&mut text).map_err(read_err)?;
+            signature_end = e.raw_file_position() + e.size();
             signature = Some(text);
             continue;
         }
@@ -437,13 +440,14 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
                 images.insert(name.to_owned());
             }
             Some("fs") => {
+                if depth == 1 && !kind.is_dir() {
+                    return Err(refused(&raw, "fs must be a directory"));
+                }
                 check_fs_member(&mut e, &raw, &p, &symlinks, &fs_files)?;
                 if kind.is_symlink() {
                     symlinks.insert(p.clone());
                 } else if kind.is_file() {
                     fs_files.insert(p.clone());
-                } else if depth == 1 && !kind.is_dir() {
-                    return Err(refused(&raw, "fs must be a directory"));
                 }
             }
             _ => return Err(refused(&raw, "not a member of a drums checkpoint archive")),
@@ -471,12 +475,39 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
         .hasher
         .finalize()
         .into();
+    if signature.is_some() {
+        check_tail(path, signature_end)?;
+    }
     let signer = match signature {
         None if trust.trust_unsigned => None,
         None => return Err(ArchiveError::Unsigned),
         Some(text) => Some(check_signature(&text, &digest, trust)?),
     };
     Ok(Verified { manifest, signer })
+}
+
+/// After the signature's content: its padding and the end-of-archive blocks,
+/// all zeros (the tar parser reads none of it, so a byte changed there would
+/// otherwise pass unseen).
+fn check_tail(path: &Path, from: u64) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let io = |op| {
+        move |source| ArchiveError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    let mut f = std::fs::File::open(path).map_err(io("open"))?;
+    f.seek(SeekFrom::Start(from)).map_err(io("seek"))?;
+    let mut tail = Vec::new();
+    f.take(1 << 20).read_to_end(&mut tail).map_err(io("read"))?;
+    if tail.len() < 1024 || tail.iter().any(|b| *b != 0) {
+        return Err(ArchiveError::Layout(
+            "the archive does not end with zero blocks after its signature".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_fs_member<R: Read>(
@@ -496,7 +527,17 @@ fn check_fs_member<R: Read>(
     }
     let h = e.header();
     let mode = h.mode().map_err(read_err)?;
-    if mode & 0o6000 != 0 {
+    // setuid/setgid files run with another identity. A setgid directory
+    // only passes its group on to new files (Debian ships /var/mail and
+    // /var/local so, and a session's upper layer has them once written to):
+    // it grants nothing, and refusing it would make such sessions
+    // unexportable.
+    let setid = if h.entry_type().is_dir() {
+        mode & 0o4000
+    } else {
+        mode & 0o6000
+    };
+    if setid != 0 {
         return Err(refused(
             raw,
             format!("setuid or setgid bit (mode {mode:o})"),
@@ -637,6 +678,183 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::{HostFingerprint, ImageFile, SourceSession};
+
+    fn manifest() -> Vec<u8> {
+        let m = Manifest {
+            format_version: crate::FORMAT_VERSION,
+            id: "0123456789ab".into(),
+            name: "warm".into(),
+            created_at_ms: 1,
+            session: SourceSession {
+                id: "s1".into(),
+                name: "s1".into(),
+                hostname: "s1".into(),
+                profile: "headless".into(),
+                image: "default".into(),
+                network: "none".into(),
+                limits: serde_json::json!({}),
+                generation: 0,
+            },
+            host: HostFingerprint::of_this_host("4.2.1"),
+            clean: false,
+            leave_running: false,
+            images: vec![ImageFile {
+                name: "core-1.img".into(),
+                size: 4,
+                sha256: String::new(),
+            }],
+            origin: None,
+            frozen_ms: 1.0,
+            dump_ms: 1.0,
+        };
+        serde_json::to_vec(&m).unwrap()
+    }
+
+    /// A tar stream as GNU tar would write one: members and end blocks.
+    fn tar_stream(extra: &[(&str, tar::EntryType, u32, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, kind: tar::EntryType, mode: u32, data: &[u8]| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(kind);
+            h.set_mode(mode);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, path, data).unwrap();
+        };
+        add("manifest.json", tar::EntryType::Regular, 0o644, &manifest());
+        add("images/", tar::EntryType::Directory, 0o755, b"");
+        add("images/core-1.img", tar::EntryType::Regular, 0o600, b"core");
+        add("fs/", tar::EntryType::Directory, 0o755, b"");
+        // A setgid directory, as Debian's /var/local: accepted.
+        add("fs/var/local/", tar::EntryType::Directory, 0o2775, b"");
+        for (p, k, m, d) in extra {
+            add(p, *k, *m, d);
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn trust(keys: Vec<VerifyingKey>) -> Trust {
+        Trust {
+            keys,
+            trusted_keys_file: PathBuf::from("/state/trusted-keys"),
+            trust_unsigned: false,
+        }
+    }
+
+    /// Export's signing of a stream (what drumsd does to tar's output).
+    fn signed(stream: &[u8], key: &HostKey) -> Vec<u8> {
+        let mut passed = Vec::new();
+        let digest = pass_members(
+            stream,
+            |b: &[u8]| {
+                passed.extend_from_slice(b);
+                Ok(())
+            },
+            |_| Ok(()),
+        )
+        .unwrap();
+        // Everything but tar's end-of-archive blocks was passed on.
+        assert_eq!(passed, stream[..passed.len()]);
+        assert!(stream[passed.len()..].iter().all(|b| *b == 0));
+        assert!(stream.len() - passed.len() >= 1024);
+        [passed, signature_member(key, &digest)].concat()
+    }
+
+    fn verify_bytes(bytes: &[u8], trust: &Trust) -> Result<Verified> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.tar");
+        std::fs::write(&p, bytes).unwrap();
+        verify(&p, trust)
+    }
+
+    #[test]
+    fn a_signed_archive_verifies_and_any_flipped_byte_is_refused() {
+        let kd = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(kd.path()).unwrap();
+        let archive = signed(&tar_stream(&[]), &key);
+        let t = trust(vec![key.public()]);
+        let v = verify_bytes(&archive, &t).unwrap();
+        assert_eq!(v.manifest.name, "warm");
+        assert_eq!(v.signer, Some(keys::public_key_text(&key.public())));
+        // Every byte: headers, contents and padding alike, the signature
+        // member's own and the end blocks included.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.tar");
+        for i in 0..archive.len() {
+            let mut bad = archive.clone();
+            bad[i] ^= 0x01;
+            std::fs::write(&p, &bad).unwrap();
+            assert!(verify(&p, &t).is_err(), "byte {i} flipped and accepted");
+        }
+    }
+
+    #[test]
+    fn unsigned_and_untrusted_archives_need_trust_unsigned() {
+        let kd = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(&kd.path().join("a")).unwrap();
+        let other = HostKey::load_or_create(&kd.path().join("b")).unwrap();
+        let mut t = trust(vec![key.public()]);
+        let unsigned = tar_stream(&[]);
+        assert!(matches!(
+            verify_bytes(&unsigned, &t),
+            Err(ArchiveError::Unsigned)
+        ));
+        let theirs = signed(&tar_stream(&[]), &other);
+        let e = verify_bytes(&theirs, &t).unwrap_err();
+        assert!(e.is_untrusted(), "{e}");
+        assert!(e.to_string().contains("/state/trusted-keys"), "{e}");
+        t.trust_unsigned = true;
+        assert_eq!(verify_bytes(&unsigned, &t).unwrap().signer, None);
+        verify_bytes(&theirs, &t).unwrap();
+    }
+
+    #[test]
+    fn members_outside_the_allow_list_are_refused() {
+        use tar::EntryType as T;
+        let kd = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(kd.path()).unwrap();
+        let t = trust(vec![key.public()]);
+        let cases: &[(&str, T, u32, &str)] = &[
+            ("fs/bin/su", T::Regular, 0o4755, "setuid or setgid"),
+            ("fs/bin/wall", T::Regular, 0o2755, "setuid or setgid"),
+            ("fs/d/", T::Directory, 0o4755, "setuid or setgid"),
+            ("fs/p", T::Fifo, 0o644, "a fifo"),
+            (
+                "images/x/y",
+                T::Regular,
+                0o644,
+                "images/ holds only regular files",
+            ),
+            (
+                "other",
+                T::Regular,
+                0o644,
+                "not a member of a drums checkpoint archive",
+            ),
+            (
+                "fs/var/local/",
+                T::Directory,
+                0o755,
+                "a second member with this path",
+            ),
+        ];
+        for (path, kind, mode, why) in cases {
+            let a = signed(&tar_stream(&[(path, *kind, *mode, b"")]), &key);
+            let e = verify_bytes(&a, &t).unwrap_err().to_string();
+            assert!(e.contains(why), "{path}: {e}");
+        }
+        // A member after the signature.
+        let mut a = signed(&tar_stream(&[]), &key);
+        a.truncate(a.len() - 1024);
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_ustar();
+        h.set_size(0);
+        b.append_data(&mut h, "fs/late", &b""[..]).unwrap();
+        a.extend(b.into_inner().unwrap());
+        let e = verify_bytes(&a, &t).unwrap_err().to_string();
+        assert!(e.contains("a member after signature.json"), "{e}");
+    }
 
     #[test]
     fn image_names_are_one_plain_component() {
