@@ -633,8 +633,13 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
     a.set_preserve_permissions(true);
     a.set_preserve_ownerships(true);
     a.set_preserve_mtime(true);
-    a.set_unpack_xattrs(true);
+    // Set below for every kind of member: the tar crate sets xattrs on
+    // regular files only, and an overlay marks opaque *directories* with
+    // trusted.overlay.opaque.
+    a.set_unpack_xattrs(false);
     a.set_overwrite(false);
+    // Directory times are set last: extracting their children changes them.
+    let mut dir_times: Vec<(PathBuf, i64)> = Vec::new();
     for (i, e) in a.entries().map_err(read_err)?.enumerate() {
         let mut e = e.map_err(read_err)?;
         let raw = e.path_bytes().into_owned();
@@ -651,12 +656,26 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
                 source,
             }
         };
-        if e.header().entry_type().is_character_special() {
+        // verify() accepted only trusted.overlay.* here.
+        let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
+        if let Some(exts) = e.pax_extensions().map_err(read_err)? {
+            for x in exts {
+                let x = x.map_err(read_err)?;
+                if let Some(name) = x.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
+                    xattrs.push((name.to_owned(), x.value_bytes().to_vec()));
+                }
+            }
+        }
+        let kind = e.header().entry_type();
+        if kind.is_character_special() {
             // An overlay whiteout (verify refused every other device): the
             // tar crate would write a regular file in its place.
             let h = e.header();
             let mode = h.mode().map_err(read_err)? & 0o7777;
             let (uid, gid) = (h.uid().map_err(read_err)?, h.gid().map_err(read_err)?);
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).map_err(io("create"))?;
+            }
             nix::sys::stat::mknod(
                 &dst,
                 nix::sys::stat::SFlag::S_IFCHR,
@@ -666,11 +685,33 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
             .map_err(|e| io("mknod")(e.into()))?;
             std::os::unix::fs::lchown(&dst, Some(uid as u32), Some(gid as u32))
                 .map_err(io("chown"))?;
-            continue;
+        } else {
+            if kind.is_dir() {
+                dir_times.push((dst.clone(), e.header().mtime().map_err(read_err)? as i64));
+            }
+            if !e.unpack_in(staging).map_err(io("extract"))? {
+                return Err(refused(&raw, "outside the staging directory"));
+            }
         }
-        if !e.unpack_in(staging).map_err(io("extract"))? {
-            return Err(refused(&raw, "outside the staging directory"));
+        for (name, value) in &xattrs {
+            // Never follows a symlink (lsetxattr).
+            xattr::set(&dst, name, value).map_err(io("set an xattr on"))?;
         }
+    }
+    for (dir, mtime) in dir_times.iter().rev() {
+        let t = nix::sys::time::TimeSpec::new(*mtime, 0);
+        nix::sys::stat::utimensat(
+            None,
+            dir,
+            &t,
+            &t,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(|e| ArchiveError::Io {
+            op: "set the times of",
+            path: dir.clone(),
+            source: e.into(),
+        })?;
     }
     Ok(())
 }

@@ -289,7 +289,8 @@ fn export_import_round_trips_and_refuses_another_host() {
         assert_eq!(
             d.sh(
                 &s.id,
-                "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue"
+                "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue \
+                 && rm -rf /etc/apt && mkdir /etc/apt && touch /etc/apt/only"
             )
             .0,
             0
@@ -334,6 +335,9 @@ fn export_import_round_trips_and_refuses_another_host() {
         0,
         "a deleted file came back: whiteouts were lost"
     );
+    // An opaque directory survived too (its trusted.overlay.opaque xattr):
+    // the image's /etc/apt stays hidden behind the one the session made.
+    assert_eq!(d.sh(&sib, "ls -A /etc/apt").1, "only");
     ok(d.drums(&["rm", &sib]));
     ok(d.drums(&["checkpoint", "rm", &imported]));
 
