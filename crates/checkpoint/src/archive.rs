@@ -310,6 +310,8 @@ fn pax_key_allowed(key: &str) -> bool {
             | "gid"
             | "uname"
             | "gname"
+            // GNU tar's mark of a file name that is not UTF-8.
+            | "hdrcharset"
     ) || key
         .strip_prefix("SCHILY.xattr.")
         .is_some_and(|x| x.starts_with("trusted.overlay."))

@@ -290,7 +290,8 @@ fn export_import_round_trips_and_refuses_another_host() {
             d.sh(
                 &s.id,
                 "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue \
-                 && rm -rf /etc/apt && mkdir /etc/apt && touch /etc/apt/only"
+                 && rm -rf /etc/apt && mkdir /etc/apt && touch /etc/apt/only \
+                 && touch \"$(printf '/root/\\377-not-utf8')\""
             )
             .0,
             0
@@ -338,6 +339,11 @@ fn export_import_round_trips_and_refuses_another_host() {
     // An opaque directory survived too (its trusted.overlay.opaque xattr):
     // the image's /etc/apt stays hidden behind the one the session made.
     assert_eq!(d.sh(&sib, "ls -A /etc/apt").1, "only");
+    // A file name that is not UTF-8 is kept.
+    assert_eq!(
+        d.sh(&sib, "test -e \"$(printf '/root/\\377-not-utf8')\"").0,
+        0
+    );
     ok(d.drums(&["rm", &sib]));
     ok(d.drums(&["checkpoint", "rm", &imported]));
 
