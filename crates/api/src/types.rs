@@ -405,3 +405,13 @@ pub struct AgentMarked {
 fn egress_none() -> String {
     "none".into()
 }
+
+/// `GET /v1/keys/host`: the key this host signs checkpoint archives with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostKey {
+    /// `ed25519 <base64 public key>`.
+    pub key: String,
+    /// The key with a comment naming this host: the line to add to another
+    /// host's `STATE/trusted-keys` for it to accept this host's archives.
+    pub trusted_keys_line: String,
+}

@@ -45,6 +45,8 @@ pub enum CatalogError {
     NameTaken(String),
     #[error("a checkpoint named {0:?} already exists")]
     CheckpointNameTaken(String),
+    #[error("checkpoint {0} is not pending: it cannot be published")]
+    NotPending(String),
     #[error("no free address left in {0}")]
     PoolExhausted(String),
     #[error("decode {what} of session {id}")]
@@ -375,15 +377,36 @@ impl Catalog {
         }
     }
 
-    /// Publish: the manifest and state `done` in one statement, so a checkpoint
-    /// is either invisible or complete.
-    pub fn publish_checkpoint(&self, id: &str, manifest: &serde_json::Value) -> Result<()> {
-        self.conn()
+    /// Publish a pending checkpoint and hand its parts to the checkpoint row:
+    /// the manifest, state `done` and the release of every ledger row of
+    /// `owner` (its directory and snapshot) in one transaction. Two statements
+    /// would leave a window in which a crash keeps the ledger rows of a
+    /// published checkpoint, and the sweep at start-up would then delete the
+    /// parts of a checkpoint users can see.
+    pub fn publish_checkpoint(
+        &self,
+        id: &str,
+        manifest: &serde_json::Value,
+        owner: &str,
+    ) -> Result<()> {
+        let mut c = self.conn();
+        let tx = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql("begin publish checkpoint"))?;
+        let n = tx
             .execute(
-                "UPDATE checkpoints SET state = 'done', manifest = ?2 WHERE id = ?1",
+                "UPDATE checkpoints SET state = 'done', manifest = ?2
+                 WHERE id = ?1 AND state = 'pending'",
                 params![id, manifest.to_string()],
             )
             .map_err(sql("publish checkpoint"))?;
+        if n != 1 {
+            // Dropping the transaction rolls it back: nothing is released.
+            return Err(CatalogError::NotPending(id.to_owned()));
+        }
+        tx.execute("DELETE FROM resources WHERE owner = ?1", params![owner])
+            .map_err(sql("release the published checkpoint's resources"))?;
+        tx.commit().map_err(sql("commit publish checkpoint"))?;
         Ok(())
     }
 
@@ -731,13 +754,67 @@ mod tests {
         assert!(
             matches!(c.insert_checkpoint(&r), Err(CatalogError::CheckpointNameTaken(n)) if n == "warm")
         );
-        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 1}))
+        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 1}), "ckpt:c1")
             .unwrap();
         let got = c.checkpoint("warm").unwrap().unwrap();
         assert_eq!(got.state, "done");
         assert_eq!(got.manifest["format_version"], 1);
         c.delete_checkpoint("c1").unwrap();
         assert!(c.checkpoints().unwrap().is_empty());
+    }
+
+    /// Publishing releases exactly the owner's ledger rows, in the same
+    /// transaction; a checkpoint that is not pending is refused and releases
+    /// nothing.
+    #[test]
+    fn publishing_a_checkpoint_releases_its_rows_atomically() {
+        let c = Catalog::in_memory().unwrap();
+        let r = CheckpointRecord {
+            id: "c1".into(),
+            name: "c1".into(),
+            session_id: "s".into(),
+            state: "pending".into(),
+            created_at_ms: 1,
+            manifest: serde_json::json!({}),
+        };
+        c.insert_checkpoint(&r).unwrap();
+        c.record("ckpt:c1", ResourceKind::Dir, "/state/checkpoints/c1")
+            .unwrap();
+        c.record("ckpt:c1", ResourceKind::Subvolume, "/store/checkpoints/c1")
+            .unwrap();
+        c.record("ckpt:c2", ResourceKind::Dir, "/state/checkpoints/c2")
+            .unwrap();
+        // Not there: refused, and no row is released.
+        assert!(matches!(
+            c.publish_checkpoint("nope", &serde_json::json!({}), "ckpt:c1"),
+            Err(CatalogError::NotPending(id)) if id == "nope"
+        ));
+        assert_eq!(c.owned_by("ckpt:c1").unwrap().len(), 2);
+
+        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 2}), "ckpt:c1")
+            .unwrap();
+        let got = c.checkpoint("c1").unwrap().unwrap();
+        assert_eq!(got.state, "done");
+        assert_eq!(got.manifest["format_version"], 2);
+        assert!(c.owned_by("ckpt:c1").unwrap().is_empty());
+        assert_eq!(
+            c.owned_by("ckpt:c2").unwrap().len(),
+            1,
+            "another owner's rows stay"
+        );
+
+        // Published once: a second publish is refused and touches nothing.
+        c.record("ckpt:c1", ResourceKind::Dir, "/state/checkpoints/c1")
+            .unwrap();
+        assert!(matches!(
+            c.publish_checkpoint("c1", &serde_json::json!({}), "ckpt:c1"),
+            Err(CatalogError::NotPending(_))
+        ));
+        assert_eq!(c.owned_by("ckpt:c1").unwrap().len(), 1);
+        assert_eq!(
+            c.checkpoint("c1").unwrap().unwrap().manifest["format_version"],
+            2
+        );
     }
 
     #[test]

@@ -19,7 +19,15 @@ use sha2::{Digest, Sha256};
 
 /// The manifest format this build writes and reads. A change to [`Manifest`]
 /// or anything it contains needs a bump (see docs/formats.md).
+///
+/// 2: archives carry a signature (see [`archive`]) and an imported checkpoint
+/// gets a fresh id, the archive's id kept in `origin`; the source session's
+/// `egress` and `privileged`. A version-1 manifest reads as one with no
+/// origin, egress `none` and not privileged (what those sessions had).
 pub const FORMAT_VERSION: u32 = 2;
+
+pub mod archive;
+pub mod keys;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -191,6 +199,10 @@ pub struct Manifest {
     pub clean: bool,
     pub leave_running: bool,
     pub images: Vec<ImageFile>,
+    /// For an imported checkpoint, the id it had on the host that exported
+    /// it (provenance only: never part of a path here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// Time the tree was frozen for, and the dump as a whole.
     pub frozen_ms: f64,
     pub dump_ms: f64,
@@ -204,8 +216,13 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join("manifest.json");
         let text = std::fs::read(&path).map_err(io("read", &path))?;
+        Manifest::from_slice(&text, path)
+    }
+
+    /// Parse a manifest read from `path` (a file, or an archive's member).
+    pub fn from_slice(text: &[u8], path: PathBuf) -> Result<Manifest> {
         let v: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|source| CheckpointError::Manifest {
+            serde_json::from_slice(text).map_err(|source| CheckpointError::Manifest {
                 path: path.clone(),
                 source,
             })?;
@@ -405,6 +422,7 @@ mod tests {
             clean: false,
             leave_running: true,
             images: vec![],
+            origin: None,
             frozen_ms: 1.0,
             dump_ms: 2.0,
         };

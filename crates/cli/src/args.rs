@@ -60,6 +60,9 @@ pub enum Command {
     },
     /// Checkpoint a session (CRIU + a btrfs snapshot), or `checkpoint rm ID`.
     Checkpoint(CheckpointCmd),
+    /// This host's key for signing checkpoint archives.
+    #[command(subcommand)]
+    Key(KeyCmd),
     /// List published checkpoints.
     Checkpoints {
         #[arg(long)]
@@ -168,9 +171,25 @@ pub enum CheckpointSub {
     },
     /// Write a checkpoint to one archive file.
     Export { checkpoint: String, file: PathBuf },
-    /// Import an archive written by `checkpoint export`.
+    /// Import an archive written by `checkpoint export`. It must be signed
+    /// by this host or a key in STATE/trusted-keys.
     Import {
         file: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Accept an unsigned archive, or one signed by a key this host does
+        /// not trust. Its CRIU images will run as root here: use it only for
+        /// an archive whose origin you know.
+        #[arg(long)]
+        trust_unsigned: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCmd {
+    /// Print this host's public key as a line for another host's
+    /// STATE/trusted-keys.
+    Show {
         #[arg(long)]
         json: bool,
     },

@@ -345,12 +345,21 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
     if let Some(crate::args::CheckpointSub::Export { checkpoint, file }) = &cmd.sub {
         return export(c, checkpoint, file).await;
     }
-    if let Some(crate::args::CheckpointSub::Import { file, json }) = &cmd.sub {
+    if let Some(crate::args::CheckpointSub::Import {
+        file,
+        json,
+        trust_unsigned,
+    }) = &cmd.sub
+    {
         let data = std::fs::read(file)
             .map_err(|e| cp_local_err("read", &file.display().to_string(), e))?;
         let req = Request::builder()
             .method(Method::POST)
-            .uri("/v1/checkpoints/import")
+            .uri(if *trust_unsigned {
+                "/v1/checkpoints/import?trust_unsigned=true"
+            } else {
+                "/v1/checkpoints/import"
+            })
             .header("host", "drums")
             .header("content-type", "application/x-tar")
             .body(Full::new(Bytes::from(data)))
@@ -385,8 +394,10 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
     Ok(exit::OK)
 }
 
-/// Stream the archive to a file next to the target, renamed into place only
-/// when complete: an interrupted export leaves no half archive behind.
+/// Stream the archive to a fresh temporary file next to the target, renamed
+/// into place only when the daemon ended the body cleanly: a failed or
+/// interrupted export exits non-zero and leaves neither archive nor temporary
+/// file behind (the temporary file is removed when dropped).
 async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failure> {
     let resp = c
         .call(
@@ -395,22 +406,44 @@ async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failur
             None::<&()>,
         )
         .await?;
-    let tmp = file.with_extension("partial");
-    let mut out = std::fs::File::create(&tmp)
-        .map_err(|e| cp_local_err("create", &tmp.display().to_string(), e))?;
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut out = tempfile::Builder::new()
+        .prefix(".drums-export-")
+        .suffix(".partial")
+        .tempfile_in(dir)
+        .map_err(|e| cp_local_err("create a temporary file in", &dir.display().to_string(), e))?;
     let mut body = resp.into_body();
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Failure::new(exit::INTERNAL, format!("export stream broke: {e}")))?;
+        let frame = frame.map_err(|e| {
+            Failure::new(
+                exit::INTERNAL,
+                format!("export of {checkpoint} failed part-way, no archive written: {e}"),
+            )
+        })?;
         if let Ok(data) = frame.into_data() {
             out.write_all(&data)
-                .map_err(|e| cp_local_err("write", &tmp.display().to_string(), e))?;
+                .map_err(|e| cp_local_err("write", &out.path().display().to_string(), e))?;
         }
     }
-    out.sync_all()
-        .map_err(|e| cp_local_err("fsync", &tmp.display().to_string(), e))?;
-    std::fs::rename(&tmp, file)
-        .map_err(|e| cp_local_err("rename", &file.display().to_string(), e))?;
+    out.as_file()
+        .sync_all()
+        .map_err(|e| cp_local_err("fsync", &out.path().display().to_string(), e))?;
+    out.persist(file)
+        .map_err(|e| cp_local_err("rename into", &file.display().to_string(), e.error))?;
+    Ok(exit::OK)
+}
+
+/// `drums key show`: the line another host adds to its trusted-keys.
+pub async fn key_show(c: &Client, json: bool) -> Result<i32, Failure> {
+    let k: drums_api::HostKey = c.json(Method::GET, "/v1/keys/host", None::<&()>).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&k).expect("serialize"));
+    } else {
+        println!("{}", k.trusted_keys_line);
+    }
     Ok(exit::OK)
 }
 

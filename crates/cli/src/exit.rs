@@ -15,6 +15,9 @@ pub const NOT_FOUND: i32 = 3;
 pub const CONFLICT: i32 = 4;
 /// No daemon could be reached or started.
 pub const UNAVAILABLE: i32 = 5;
+/// Refused for lack of trust: an unsigned archive, or one whose signer this
+/// host does not trust.
+pub const UNTRUSTED: i32 = 6;
 pub const COMMAND_NOT_FOUND: i32 = 127;
 pub const TIMED_OUT: i32 = 124;
 
@@ -45,6 +48,7 @@ impl From<ClientError> for Failure {
             ClientError::Api { kind, .. } if kind == "command_not_found" => COMMAND_NOT_FOUND,
             ClientError::Api { status: 404, .. } => NOT_FOUND,
             ClientError::Api { status: 409, .. } => CONFLICT,
+            ClientError::Api { status: 403, .. } => UNTRUSTED,
             ClientError::Connect { .. } => UNAVAILABLE,
             _ => INTERNAL,
         };

@@ -31,6 +31,7 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Rm { sessions } => commands::rm(&c, sessions).await,
         Command::Images { json } => commands::images(&c, *json).await,
         Command::Checkpoint(cmd) => commands::checkpoint(&c, cmd).await,
+        Command::Key(drums_cli::args::KeyCmd::Show { json }) => commands::key_show(&c, *json).await,
         Command::Checkpoints { json } => commands::checkpoints(&c, *json).await,
         Command::Restore {
             checkpoint,

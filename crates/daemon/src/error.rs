@@ -29,6 +29,7 @@ impl From<SessionError> for ApiError {
             ErrorKind::BadRequest => (StatusCode::BAD_REQUEST, "bad_request"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
+            ErrorKind::Forbidden => (StatusCode::FORBIDDEN, "untrusted"),
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {

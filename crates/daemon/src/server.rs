@@ -44,6 +44,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/checkpoints/{checkpoint}/restore"),
     ("get", "/v1/checkpoints/{checkpoint}/export"),
     ("post", "/v1/checkpoints/import"),
+    ("get", "/v1/keys/host"),
     ("get", "/v1/audit"),
     ("post", "/v1/debug/faults"),
     ("get", "/openapi.yaml"),
@@ -75,6 +76,7 @@ pub fn router(m: AppState) -> Router {
         .route("/v1/checkpoints/{checkpoint}/restore", post(restore))
         .route("/v1/checkpoints/{checkpoint}/export", get(export))
         .route("/v1/checkpoints/import", post(import))
+        .route("/v1/keys/host", get(host_key))
         .route("/v1/audit", get(audit))
         .route("/v1/debug/faults", post(fault))
         .route(
@@ -331,33 +333,13 @@ async fn audit(
     Ok(Json(m.audit(&q.a, &q.b).await?))
 }
 
-/// The archive streams straight from tar's stdout: a large checkpoint is
-/// never held in memory.
+/// The archive streams from tar through drumsd (which signs it): a large
+/// checkpoint is never held in memory. A failure part-way ends the body with
+/// an error, so the client sees a broken transfer, not a short archive.
 async fn export(State(m): State<AppState>, Path(id): Path<String>) -> Result<Response> {
-    let mut child = m.export(&id)?;
-    let stdout = child.stdout.take().expect("piped");
-    let stream = futures::stream::unfold((stdout, child), |(mut out, child)| async move {
-        use tokio::io::AsyncReadExt;
-        let mut buf = vec![0u8; 256 << 10];
-        match out.read(&mut buf).await {
-            Ok(0) => {
-                let child = child;
-                if let Ok(o) = child.wait_with_output().await {
-                    if !o.status.success() {
-                        tracing::warn!(
-                            "export: tar: {}",
-                            String::from_utf8_lossy(&o.stderr).trim()
-                        );
-                    }
-                }
-                None
-            }
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), (out, child)))
-            }
-            Err(e) => Some((Err(e), (out, child))),
-        }
+    let rx = m.export(&id)?;
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
     });
     Ok((
         [(header::CONTENT_TYPE, "application/x-tar")],
@@ -366,9 +348,44 @@ async fn export(State(m): State<AppState>, Path(id): Path<String>) -> Result<Res
         .into_response())
 }
 
-async fn import(State(m): State<AppState>, body: Body) -> Result<impl IntoResponse> {
-    let ck = m.import(body.into_data_stream()).await?;
+#[derive(serde::Deserialize)]
+struct ImportQuery {
+    /// Accept an unsigned archive, or one signed by a key not trusted here.
+    #[serde(default)]
+    trust_unsigned: bool,
+}
+
+async fn import(
+    State(m): State<AppState>,
+    q: std::result::Result<
+        axum::extract::Query<ImportQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    body: Body,
+) -> Result<impl IntoResponse> {
+    let q = q.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("import takes ?trust_unsigned=true|false: {e}"),
+        )
+    })?;
+    let ck = m.import(body.into_data_stream(), q.trust_unsigned).await?;
     Ok((StatusCode::CREATED, Json(ck)))
+}
+
+/// This host's public key, in the form another host's trusted-keys takes.
+async fn host_key(State(m): State<AppState>) -> Result<Json<drums_api::HostKey>> {
+    let k = m.host_key()?;
+    let key = drums_checkpoint::keys::public_key_text(&k.public());
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into());
+    Ok(Json(drums_api::HostKey {
+        trusted_keys_line: format!("{key} drums@{host}"),
+        key,
+    }))
 }
 
 async fn stats(

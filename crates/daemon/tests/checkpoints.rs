@@ -289,7 +289,9 @@ fn export_import_round_trips_and_refuses_another_host() {
         assert_eq!(
             d.sh(
                 &s.id,
-                "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue"
+                "mkdir -p /root/d && echo kept > /root/d/state && rm /etc/issue \
+                 && rm -rf /etc/apt && mkdir /etc/apt && touch /etc/apt/only \
+                 && touch \"$(printf '/root/\\377-not-utf8')\""
             )
             .0,
             0
@@ -302,11 +304,31 @@ fn export_import_round_trips_and_refuses_another_host() {
     };
     ok(d.drums(&["checkpoint", "export", &ck.id, archive.to_str().unwrap()]));
     ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    // A fresh local id; the name (here the old id) is kept, the old id is
+    // provenance.
+    let imported = ok(d.drums(&["checkpoint", "import", archive.to_str().unwrap()]));
+    assert_ne!(imported, ck.id, "an import must not take the archive's id");
+    let got: drums_api::Checkpoint =
+        serde_json::from_slice(&d.drums(&["checkpoints", "--json"]).stdout)
+            .map(|l: drums_api::CheckpointList| l.checkpoints[0].clone())
+            .unwrap();
     assert_eq!(
-        ok(d.drums(&["checkpoint", "import", archive.to_str().unwrap()])),
-        ck.id
+        (got.id.as_str(), got.name.as_str()),
+        (imported.as_str(), ck.name.as_str())
     );
-    let sib = ok(d.drums(&["restore", &ck.id]));
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            d.state
+                .path()
+                .join("checkpoints")
+                .join(&imported)
+                .join("manifest.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["origin"], ck.id.as_str());
+    let sib = ok(d.drums(&["restore", &imported]));
     assert_eq!(d.sh(&sib, "cat /root/d/state").1, "kept");
     // A whiteout survived the trip: the file deleted before the checkpoint stays deleted.
     assert_ne!(
@@ -314,10 +336,20 @@ fn export_import_round_trips_and_refuses_another_host() {
         0,
         "a deleted file came back: whiteouts were lost"
     );
+    // An opaque directory survived too (its trusted.overlay.opaque xattr):
+    // the image's /etc/apt stays hidden behind the one the session made.
+    assert_eq!(d.sh(&sib, "ls -A /etc/apt").1, "only");
+    // A file name that is not UTF-8 is kept.
+    assert_eq!(
+        d.sh(&sib, "test -e \"$(printf '/root/\\377-not-utf8')\"").0,
+        0
+    );
     ok(d.drums(&["rm", &sib]));
-    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    ok(d.drums(&["checkpoint", "rm", &imported]));
 
-    // The same archive, as if taken on another kernel.
+    // The same archive, as if taken on another kernel (re-packed, so
+    // unsigned: accepted only with --trust-unsigned, and then refused for
+    // its kernel).
     let x = dir.path().join("x");
     std::fs::create_dir(&x).unwrap();
     let tar = |args: &[&str]| {
@@ -356,6 +388,15 @@ fn export_import_round_trips_and_refuses_another_host() {
         "fs",
     ]);
     let o = d.drums(&["checkpoint", "import", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(err.contains("the archive is not signed"), "{err}");
+    let o = d.drums(&[
+        "checkpoint",
+        "import",
+        "--trust-unsigned",
+        other.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(4), "{err}");
     assert!(

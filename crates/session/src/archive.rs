@@ -1,48 +1,89 @@
-//! `drums checkpoint export` / `import`: one tar archive holding a checkpoint's
-//! manifest, its CRIU images and its file-system snapshot, restorable on
-//! another host of the same kernel and CPU family.
+//! `drums checkpoint export` / `import`: one signed tar archive holding a
+//! checkpoint's manifest, its CRIU images and its file-system snapshot,
+//! restorable on another host of the same kernel and CPU family.
 //!
-//! GNU tar does the work (not a hot path): it keeps the overlay upper layer's
-//! extended attributes (`trusted.overlay.*`, which mark opaque directories)
-//! and its whiteouts (0:0 character devices), which a tar library would drop.
-//! Layout: `manifest.json` first, then `images/…`, then `fs/…`.
+//! The format, what the signature covers and what an import accepts are in
+//! [`drums_checkpoint::archive`]; this module runs them against the store.
+//!
+//! Export: GNU tar writes the members (it keeps the overlay upper layer's
+//! `trusted.overlay.*` xattrs, which mark opaque directories, and its 0:0
+//! whiteouts); the stream passes through drumsd, which hashes it, drops tar's
+//! end-of-archive blocks and, only once tar has exited 0, appends the signed
+//! `signature.json`. Any failure ends the HTTP body with an error rather than
+//! a clean end, so the client never takes a truncated archive for a whole one.
+//!
+//! Import: the body is spooled to a root-only file in a staging directory on
+//! the store, the whole file is validated, and only then is anything
+//! extracted, by the same parser that validated it. The checkpoint gets a
+//! fresh local id; the archive's id is kept in the manifest as `origin`.
 
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use bytes::Bytes;
 use drums_api::Checkpoint;
-use drums_catalog::{CheckpointRecord, ResourceKind};
+use drums_catalog::{CatalogError, CheckpointRecord, ResourceKind};
+use drums_checkpoint::archive::{self, ArchiveError, Trust};
+use drums_checkpoint::keys::{self, HostKey};
 use drums_checkpoint::Manifest;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::checkpoint::to_api;
 use crate::create::random_hex;
 use crate::manager::Manager;
+use crate::spec::{validate_name, PROFILES};
 use crate::{io, teardown, SessionError};
 
-/// The options that make tar keep what an overlay upper layer needs.
+/// What tar stores of a snapshot: the overlay xattrs and nothing else (an
+/// import refuses any other xattr, ACLs included), numeric owners (names mean
+/// nothing on another host), in the pax format the importer parses, without
+/// the atime/ctime records that would only make it larger. No `--sparse`: the
+/// importer accepts plain members only.
 const TAR_FS_FLAGS: &[&str] = &[
+    "--format=posix",
+    "--pax-option=delete=atime,delete=ctime",
     "--xattrs",
-    "--xattrs-include=*",
-    "--acls",
+    "--xattrs-include=trusted.overlay.*",
     "--numeric-owner",
-    "--sparse",
 ];
 
+/// How many bytes an export sends at a time.
+const CHUNK: usize = 256 << 10;
+
+/// The archive as it streams out: data, and on failure one error last.
+pub type ExportStream = mpsc::Receiver<Result<Bytes, std::io::Error>>;
+
 impl Manager {
-    /// Start `tar` writing the archive of a published checkpoint to its stdout.
-    pub fn export(&self, id_or_name: &str) -> Result<Child, SessionError> {
+    /// This host's signing key, made at first use in `STATE/keys`.
+    pub fn host_key(&self) -> Result<HostKey, SessionError> {
+        Ok(HostKey::load_or_create(&self.cfg.state_dir.join("keys"))?)
+    }
+
+    /// `STATE/trusted-keys`: whose archives an import accepts.
+    pub fn trusted_keys_file(&self) -> PathBuf {
+        self.cfg.state_dir.join("trusted-keys")
+    }
+
+    /// Start writing the signed archive of a published checkpoint.
+    pub fn export(&self, id_or_name: &str) -> Result<ExportStream, SessionError> {
         let (ck, _) = self.manifest(id_or_name)?;
+        let key = self.host_key()?;
         let dir = self.checkpoint_dir(&ck.id);
         let snap = self.checkpoint_snapshot(&ck.id);
-        let mut cmd = Command::new("tar");
-        cmd.arg("--create")
+        let fault = self.faults.check("export.tar").err().map(|e| e.to_string());
+        let mut child = std::process::Command::new("tar")
+            .arg("--create")
             .arg("--file=-")
             .args(TAR_FS_FLAGS)
-            // Only the snapshot's members start with "./": they become fs/….
-            .arg("--transform=s,^\\./,fs/,")
+            // Only the snapshot's members are "." or start with "./": they
+            // become fs and fs/…. `S`: never rewrite a symlink's target
+            // ("./x" stays "./x"); hard-link targets are rewritten alike.
+            .arg("--transform=s,^\\.$,fs,S")
+            .arg("--transform=s,^\\./,fs/,S")
             .arg("-C")
             .arg(&dir)
             .arg("manifest.json")
@@ -53,69 +94,114 @@ impl Manager {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        cmd.spawn().map_err(io("spawn", PathBuf::from("tar")))
+            .spawn()
+            .map_err(io("spawn", PathBuf::from("tar")))?;
+        let (tx, rx) = mpsc::channel(4);
+        std::thread::spawn(move || {
+            let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
+            let result = stream_export(&mut child, &key, fault, &tx, &mut buf);
+            if let Err(e) = result {
+                let _ = child.kill();
+                let _ = child.wait();
+                warn!("export: {e}");
+                // What was read is sent, then the error: the body ends with
+                // an error, never a clean end.
+                if !buf.is_empty() {
+                    let _ = tx.blocking_send(Ok(Bytes::from(std::mem::take(&mut buf))));
+                }
+                let _ = tx.blocking_send(Err(std::io::Error::other(e)));
+            }
+        });
+        Ok(rx)
     }
 
-    /// Import an archive streamed in `body`: refused (and nothing kept) when
-    /// the manifest is of a newer format, was taken on an incompatible host,
-    /// or an image is damaged; otherwise published like a local checkpoint.
-    pub async fn import<S, E>(&self, mut body: S) -> Result<Checkpoint, SessionError>
+    /// Import an archive streamed in `body` (see the module's doc). Refused,
+    /// keeping nothing, when any member is not allowed, the signature does not
+    /// verify or its signer is not trusted (unless `trust_unsigned`), a name in
+    /// the manifest is not a plain name, the manifest is of a newer format, it
+    /// was taken on an incompatible host, or an image is damaged.
+    pub async fn import<S, E>(
+        &self,
+        mut body: S,
+        trust_unsigned: bool,
+    ) -> Result<Checkpoint, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
         use futures::StreamExt;
-        // Everything lands in a staging directory on the store first, so the
-        // fs/ part can go straight into a subvolume (created before tar runs).
+        // The staging directory is on the store, so fs/ can go straight into
+        // a subvolume; it is root-only, so nothing changes the spooled archive
+        // between its validation and its extraction.
         let token = random_hex(6);
         let owner = format!("import:{token}");
-        let staging = self
-            .store_root
-            .join("checkpoints")
-            .join(format!(".import-{token}"));
+        let parent = self.store_root.join("checkpoints");
+        let staging = parent.join(format!(".import-{token}"));
         self.catalog
             .record(&owner, ResourceKind::Dir, &staging.display().to_string())?;
-        std::fs::create_dir_all(&staging).map_err(io("create", &staging))?;
-        let fs = staging.join("fs");
-        self.catalog
-            .record(&owner, ResourceKind::Subvolume, &fs.display().to_string())?;
         let result = async {
-            // In the sessions' qgroup: an archive's fs/ counts against what
-            // sessions may hold, so an import cannot eat drumsd's reserve.
-            drums_store::create_subvolume_with(&fs, &drums_store::QgroupInherit::session(None))?;
-            let mut tar = Command::new("tar")
-                .arg("--extract")
-                .arg("--file=-")
-                .args(TAR_FS_FLAGS)
-                .arg("-C")
-                .arg(&staging)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(io("spawn", PathBuf::from("tar")))?;
-            let mut stdin = tar.stdin.take().expect("piped");
+            std::fs::create_dir_all(&parent).map_err(io("create", &parent))?;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&staging)
+                .map_err(io("create", &staging))?;
+            let spool = staging.join("archive.tar");
+            let mut f = tokio::fs::File::from_std(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&spool)
+                    .map_err(io("create", &spool))?,
+            );
             while let Some(chunk) = body.next().await {
                 let chunk =
                     chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
-                if stdin.write_all(&chunk).await.is_err() {
-                    break; // tar stopped reading: its exit status says why
-                }
+                f.write_all(&chunk).await.map_err(io("write", &spool))?;
             }
-            drop(stdin);
-            let out = tar
-                .wait_with_output()
+            f.flush().await.map_err(io("write", &spool))?;
+            drop(f);
+
+            let mut keys = vec![self.host_key()?.public()];
+            let trusted_keys_file = self.trusted_keys_file();
+            keys.extend(
+                keys::read_trusted(&trusted_keys_file)?
+                    .into_iter()
+                    .map(|(k, _)| k),
+            );
+            let trust = Trust {
+                keys,
+                trusted_keys_file,
+                trust_unsigned,
+            };
+            let path = spool.clone();
+            let verified = tokio::task::spawn_blocking(move || archive::verify(&path, &trust))
                 .await
-                .map_err(io("wait for", PathBuf::from("tar")))?;
-            if !out.status.success() {
-                return Err(SessionError::Invalid(format!(
-                    "not a drums checkpoint archive: tar: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
+                .expect("no panic")?;
+            let m = verified.manifest;
+            // Everything that could refuse it is checked before anything is
+            // extracted.
+            check_manifest(&m)?;
+            m.host.check_restorable_on(&self.host)?;
+            if self.catalog.checkpoint(&m.name)?.is_some() {
+                return Err(CatalogError::CheckpointNameTaken(m.name.clone()).into());
             }
-            self.publish_import(&staging).await
+
+            let fs = staging.join("fs");
+            self.catalog
+                .record(&owner, ResourceKind::Subvolume, &fs.display().to_string())?;
+            // In the sessions' qgroup: an archive's fs/ counts against what
+            // sessions may hold, so an import cannot eat drumsd's reserve.
+            drums_store::create_subvolume_with(&fs, &drums_store::QgroupInherit::session(None))?;
+            let (path, dst) = (spool.clone(), staging.clone());
+            tokio::task::spawn_blocking(move || archive::extract(&path, &dst))
+                .await
+                .expect("no panic")?;
+            std::fs::remove_file(&spool).map_err(io("remove", &spool))?;
+            if let Some(k) = &verified.signer {
+                tracing::info!("import of checkpoint {} signed by {k}", m.id);
+            }
+            self.publish_import(&staging, m).await
         }
         .await;
         if let Err(t) = teardown::remove_owned(self, &owner).await {
@@ -124,23 +210,21 @@ impl Manager {
         result
     }
 
-    async fn publish_import(&self, staging: &Path) -> Result<Checkpoint, SessionError> {
-        let m = Manifest::read(staging)?;
-        // Refused here, before anything is published or CRIU ever runs.
-        m.host.check_restorable_on(&self.host)?;
+    async fn publish_import(
+        &self,
+        staging: &Path,
+        theirs: Manifest,
+    ) -> Result<Checkpoint, SessionError> {
+        let id = random_hex(6);
+        let m = Manifest {
+            id: id.clone(),
+            origin: Some(theirs.id.clone()),
+            format_version: drums_checkpoint::FORMAT_VERSION,
+            ..theirs
+        };
         let images = staging.join("images");
-        let (imgs, list) = (images.clone(), m.images.clone());
-        tokio::task::spawn_blocking(move || drums_checkpoint::verify(&imgs, &list))
-            .await
-            .expect("no panic")?;
-        if self.catalog.checkpoint(&m.id)?.is_some() {
-            return Err(SessionError::Invalid(format!(
-                "checkpoint {} is already here",
-                m.id
-            )));
-        }
         let ck = CheckpointRecord {
-            id: m.id.clone(),
+            id: id.clone(),
             name: m.name.clone(),
             session_id: m.session.id.clone(),
             state: "pending".into(),
@@ -148,9 +232,9 @@ impl Manager {
             manifest: serde_json::Value::Null,
         };
         self.catalog.insert_checkpoint(&ck)?;
-        let owner = format!("ckpt:{}", m.id);
+        let owner = format!("ckpt:{id}");
         let result = async {
-            let dir = self.checkpoint_dir(&m.id);
+            let dir = self.checkpoint_dir(&id);
             self.catalog
                 .record(&owner, ResourceKind::Dir, &dir.display().to_string())?;
             let dst = dir.join("images");
@@ -166,7 +250,7 @@ impl Manager {
             })
             .await
             .expect("no panic")?;
-            let snap = self.checkpoint_snapshot(&m.id);
+            let snap = self.checkpoint_snapshot(&id);
             self.catalog
                 .record(&owner, ResourceKind::Subvolume, &snap.display().to_string())?;
             drums_store::snapshot_with(
@@ -178,26 +262,104 @@ impl Manager {
             m.write(&dir)?;
             drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
             self.catalog.publish_checkpoint(
-                &m.id,
+                &id,
                 &serde_json::to_value(&m).expect("manifest serializes"),
+                &owner,
             )?;
-            for r in self.catalog.owned_by(&owner)? {
-                self.catalog.release(r.seq)?;
-            }
             Ok(to_api(&m))
         }
         .await;
         if result.is_err() {
             if let Err(t) = teardown::remove_owned(self, &owner).await {
-                warn!(
-                    "clean up failed import {}: {}",
-                    m.id,
-                    crate::error_chain(&t)
-                );
+                warn!("clean up failed import {id}: {}", crate::error_chain(&t));
             } else {
-                self.catalog.delete_checkpoint(&m.id)?;
+                self.catalog.delete_checkpoint(&id)?;
             }
         }
         result
     }
+}
+
+/// Pass tar's members on, then (tar having exited 0) the signature.
+fn stream_export(
+    child: &mut std::process::Child,
+    key: &HostKey,
+    fault: Option<String>,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    // Read concurrently: a tar with much to say must not block on its stderr.
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut send = |b: &[u8]| -> std::io::Result<()> {
+        buf.extend_from_slice(b);
+        if buf.len() >= CHUNK {
+            tx.blocking_send(Ok(Bytes::from(std::mem::take(buf))))
+                .map_err(|_| std::io::Error::other("the client went away"))?;
+        }
+        Ok(())
+    };
+    let digest = archive::pass_members(stdout, &mut send, |i| match &fault {
+        Some(f) if i == 1 => Err(ArchiveError::Injected(f.clone())),
+        _ => Ok(()),
+    })
+    .map_err(|e| crate::error_chain(&e));
+    if digest.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(|e| format!("wait for tar: {e}"))?;
+    let errs = errs.join().unwrap_or_default();
+    let digest = digest?;
+    if !status.success() {
+        return Err(format!("tar failed ({status}): {}", errs.trim()));
+    }
+    send(&archive::signature_member(key, &digest)).map_err(|e| e.to_string())?;
+    if !buf.is_empty() {
+        tx.blocking_send(Ok(Bytes::from(std::mem::take(buf))))
+            .map_err(|_| "the client went away".to_owned())?;
+    }
+    Ok(())
+}
+
+/// Every name in an archive's manifest that could become part of a path (or
+/// of a cgroup or host name) is one plain component by the local rules.
+fn check_manifest(m: &Manifest) -> Result<(), SessionError> {
+    let name = |what: &str, v: &str| {
+        validate_name(v).map_err(|_| {
+            SessionError::Invalid(format!(
+                "the archive's manifest has an invalid {what} {v:?}: use 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            ))
+        })
+    };
+    name("checkpoint id", &m.id)?;
+    name("checkpoint name", &m.name)?;
+    name("session id", &m.session.id)?;
+    name("session name", &m.session.name)?;
+    name("hostname", &m.session.hostname)?;
+    name("image", &m.session.image)?;
+    if !PROFILES.contains(&m.session.profile.as_str()) {
+        return Err(SessionError::Invalid(format!(
+            "the archive's manifest has an unknown profile {:?}",
+            m.session.profile
+        )));
+    }
+    if !["none", "bridge"].contains(&m.session.network.as_str()) {
+        return Err(SessionError::Invalid(format!(
+            "the archive's manifest has an unknown network {:?}",
+            m.session.network
+        )));
+    }
+    serde_json::from_value::<drums_api::Limits>(m.session.limits.clone()).map_err(|e| {
+        SessionError::Invalid(format!("the archive's manifest has invalid limits: {e}"))
+    })?;
+    for i in &m.images {
+        archive::check_image_name(&i.name)
+            .map_err(|why| SessionError::Invalid(format!("the archive's manifest: {why}")))?;
+    }
+    Ok(())
 }

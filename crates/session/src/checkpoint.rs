@@ -71,14 +71,13 @@ impl Manager {
         let id = &ck.id;
         match self.dump(rec, pid, ck, owner, req).await {
             Ok(m) => {
+                // Published, and in the same transaction the checkpoint row
+                // takes over its directory and snapshot from the ledger.
                 self.catalog.publish_checkpoint(
                     id,
                     &serde_json::to_value(&m).expect("manifest serializes"),
+                    owner,
                 )?;
-                // Published: the checkpoint row owns its directory and snapshot now.
-                for r in self.catalog.owned_by(owner)? {
-                    self.catalog.release(r.seq)?;
-                }
                 if !req.leave_running {
                     // CRIU killed the tree after dumping it; remove the rest.
                     self.remove(&rec.id).await?;
@@ -222,6 +221,7 @@ impl Manager {
             clean: req.clean,
             leave_running: req.leave_running,
             images: files,
+            origin: None,
             frozen_ms,
             dump_ms,
         };

@@ -35,6 +35,10 @@ pub const RESTORE_POINTS: &[&str] = &[
     "restore.hygiene",
 ];
 
+/// Every point an export can be failed at: `export.tar` fails the stream
+/// after its first members were sent, as a tar that dies part-way would.
+pub const EXPORT_POINTS: &[&str] = &["export.tar"];
+
 /// Points only a desktop session passes: its desktop's start, and the
 /// browser's hygiene and readiness after a restore.
 pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
@@ -52,6 +56,7 @@ impl Faults {
                 .chain(CHECKPOINT_POINTS)
                 .chain(RESTORE_POINTS)
                 .chain(DESKTOP_POINTS)
+                .chain(EXPORT_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

@@ -33,6 +33,8 @@ pub enum ErrorKind {
     BadRequest,
     NotFound,
     Conflict,
+    /// Refused for lack of trust (an unsigned archive, an unknown signer).
+    Forbidden,
     Internal,
 }
 
@@ -69,6 +71,10 @@ pub enum SessionError {
     Criu(#[from] drums_criu::CriuError),
     #[error("checkpoint")]
     Checkpoint(#[from] drums_checkpoint::CheckpointError),
+    #[error("checkpoint archive")]
+    Archive(#[from] drums_checkpoint::archive::ArchiveError),
+    #[error("host key")]
+    Key(#[from] drums_checkpoint::keys::KeyError),
     #[error("hygiene: {0}")]
     Hygiene(String),
     #[error("desktop: {0}")]
@@ -125,6 +131,11 @@ impl SessionError {
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
                 ..
             }) => ErrorKind::Conflict,
+            SessionError::Archive(e) if e.is_untrusted() => ErrorKind::Forbidden,
+            SessionError::Archive(drums_checkpoint::archive::ArchiveError::Io { .. }) => {
+                ErrorKind::Internal
+            }
+            SessionError::Archive(_) => ErrorKind::BadRequest,
             _ => ErrorKind::Internal,
         }
     }

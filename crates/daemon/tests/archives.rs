@@ -1,0 +1,591 @@
+//! Untrusted checkpoint archives (issue 10, "Untrusted input"): a corpus of
+//! malicious archives, each built here from a real export, is refused with a
+//! clear error and the right exit code, and keeps nothing: no staging
+//! directory, no ledger row, no checkpoint row, nothing under the state dir's
+//! checkpoints or the store, and a canary file the archive aims at is
+//! untouched. Trust is by key; an export that fails leaves no file.
+//!
+//! Needs root (real daemon, btrfs store, CRIU), like every daemon test.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{run, TestDaemon};
+use drums_api::CreateSession;
+use drums_checkpoint::archive;
+use drums_checkpoint::keys::{self, HostKey};
+
+/// One archive member, as read from a real export, to be packed again
+/// (changed or not).
+#[derive(Clone)]
+struct Member {
+    header: tar::Header,
+    path: Vec<u8>,
+    link: Option<Vec<u8>>,
+    data: Vec<u8>,
+    /// Pax records to write before it (its xattrs).
+    pax: Vec<(String, Vec<u8>)>,
+}
+
+impl Member {
+    fn new(kind: tar::EntryType, path: &[u8], mode: u32, data: &[u8]) -> Member {
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(1);
+        Member {
+            header,
+            path: path.to_vec(),
+            link: None,
+            data: data.to_vec(),
+            pax: vec![],
+        }
+    }
+}
+
+/// Every member of an archive but its signature.
+fn read_members(bytes: &[u8]) -> Vec<Member> {
+    let mut a = tar::Archive::new(bytes);
+    let mut out = Vec::new();
+    for e in a.entries().unwrap() {
+        let mut e = e.unwrap();
+        let path = e.path_bytes().into_owned();
+        if path == archive::SIGNATURE_MEMBER.as_bytes() {
+            continue;
+        }
+        let link = e.link_name_bytes().map(|l| l.into_owned());
+        let mut pax = Vec::new();
+        if let Some(x) = e.pax_extensions().unwrap() {
+            for r in x {
+                let r = r.unwrap();
+                let k = r.key().unwrap().to_owned();
+                if k.starts_with("SCHILY.xattr.") {
+                    pax.push((k, r.value_bytes().to_vec()));
+                }
+            }
+        }
+        let header = e.header().clone();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+        out.push(Member {
+            header,
+            path,
+            link,
+            data,
+            pax,
+        });
+    }
+    out
+}
+
+/// Pack members with no end-of-archive blocks (what [`archive::seal`] signs).
+/// Short paths are written into the header as they are, so an absolute path
+/// or a `..` reaches the archive unchanged.
+fn pack(members: &[Member]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for m in members {
+        if !m.pax.is_empty() {
+            b.append_pax_extensions(m.pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+                .unwrap();
+        }
+        let mut h = m.header.clone();
+        h.set_size(m.data.len() as u64);
+        if let Some(l) = &m.link {
+            h.set_link_name_literal(l).unwrap();
+        }
+        if m.path.len() < 100 {
+            let name = &mut h.as_old_mut().name;
+            name.fill(0);
+            name[..m.path.len()].copy_from_slice(&m.path);
+            h.set_cksum();
+            b.append(&h, m.data.as_slice()).unwrap();
+        } else {
+            let p = std::str::from_utf8(&m.path).unwrap();
+            b.append_data(&mut h, p, m.data.as_slice()).unwrap();
+        }
+    }
+    let mut bytes = b.into_inner().unwrap();
+    bytes.truncate(bytes.len() - 1024);
+    bytes
+}
+
+fn with_manifest(members: &[Member], f: impl FnOnce(&mut serde_json::Value)) -> Vec<Member> {
+    let mut out = members.to_vec();
+    let mut m: serde_json::Value = serde_json::from_slice(&out[0].data).unwrap();
+    f(&mut m);
+    out[0].data = serde_json::to_vec(&m).unwrap();
+    out
+}
+
+fn plus(members: &[Member], extra: Vec<Member>) -> Vec<Member> {
+    let mut out = members.to_vec();
+    out.extend(extra);
+    out
+}
+
+/// The offset of the first content byte of the first member whose path
+/// starts with `prefix`, in a packed archive.
+fn content_offset(bytes: &[u8], prefix: &str) -> usize {
+    let mut a = tar::Archive::new(bytes);
+    for e in a.entries().unwrap() {
+        let e = e.unwrap();
+        if e.path_bytes().starts_with(prefix.as_bytes())
+            && e.header().entry_type().is_file()
+            && e.size() > 0
+        {
+            return e.raw_file_position() as usize;
+        }
+    }
+    panic!("no member under {prefix}");
+}
+
+fn ok(o: std::process::Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// Nothing of a refused import is left anywhere.
+fn assert_nothing_kept(d: &TestDaemon, what: &str, canary: &Path) {
+    let state = d.state.path();
+    let list = |p: PathBuf| -> Vec<String> {
+        match std::fs::read_dir(&p) {
+            Ok(rd) => rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => vec![],
+        }
+    };
+    assert_eq!(
+        list(state.join("checkpoints")),
+        Vec::<String>::new(),
+        "{what}: state checkpoints"
+    );
+    assert_eq!(
+        list(state.join("store/checkpoints")),
+        Vec::<String>::new(),
+        "{what}: staging or snapshot left in the store"
+    );
+    assert!(
+        d.store_subvolumes().is_empty(),
+        "{what}: {:?}",
+        d.store_subvolumes()
+    );
+    let c = drums_catalog::Catalog::open(&state.join("catalog.db")).unwrap();
+    assert!(
+        c.checkpoints().unwrap().is_empty(),
+        "{what}: checkpoint row left"
+    );
+    let rows: Vec<_> = c
+        .all_resources()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.owner.starts_with("import:") || r.owner.starts_with("ckpt:"))
+        .collect();
+    assert!(rows.is_empty(), "{what}: ledger rows left {rows:?}");
+    assert_eq!(
+        std::fs::read_to_string(canary).unwrap(),
+        "canary\n",
+        "{what}: the canary was changed"
+    );
+    assert_eq!(
+        list(canary.parent().unwrap().to_owned()),
+        vec!["canary".to_owned()],
+        "{what}: something was written next to the canary"
+    );
+}
+
+/// The malicious-archive corpus. Every archive but the unsigned one and the
+/// foreign-signed one is signed with this host's own (trusted) key, so each
+/// is refused for what it holds, not for its signature.
+#[test]
+fn malicious_archives_are_refused_and_keep_nothing() {
+    let mut d = TestDaemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.tar");
+    let ck = run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(d.sh(&s.id, "echo kept > /root/state").0, 0);
+        d.checkpoint(&s.id, false, false).await
+    });
+    ok(d.drums(&["checkpoint", "export", &ck.id, good.to_str().unwrap()]));
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    let signed = std::fs::read(&good).unwrap();
+    let key = HostKey::load_or_create(&d.state.path().join("keys")).unwrap();
+    let members = read_members(&signed);
+    let seal = |m: &[Member]| archive::seal(&pack(m), &key);
+
+    let canary_dir = tempfile::tempdir().unwrap();
+    let canary = canary_dir.path().join("canary");
+    std::fs::write(&canary, "canary\n").unwrap();
+    // From the staging directory (or the checkpoints directory) up to / and
+    // down to the canary.
+    let aim = format!(
+        "{}{}",
+        "../".repeat(16),
+        canary.display().to_string().trim_start_matches('/')
+    );
+    let aim_b = aim.as_bytes();
+    let first_image = members
+        .iter()
+        .find(|m| m.path.starts_with(b"images/") && m.path.len() > 7)
+        .map(|m| String::from_utf8(m.path.clone()).unwrap())
+        .unwrap();
+    let pwned = |kind, path: &[u8], mode| Member::new(kind, path, mode, b"pwned\n");
+    use tar::EntryType as T;
+
+    let mut flipped_image = signed.clone();
+    flipped_image[content_offset(&signed, "images/") + 7] ^= 1;
+    let mut flipped_fs = signed.clone();
+    flipped_fs[content_offset(&signed, "fs/") + 2] ^= 0x20;
+    // The image flipped and the recorded checksum made to match: now the
+    // signature itself must fail.
+    let resigned_sha = {
+        let mut bad = pack(&members);
+        let off = content_offset(&bad, "images/") + 7;
+        bad[off] ^= 1;
+        let mut s: serde_json::Value = serde_json::from_slice(&read_sig(&signed)).unwrap();
+        use sha2::Digest;
+        s["sha256"] = sha2::Sha256::digest(&bad)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+            .into();
+        let sig = Member::new(
+            T::Regular,
+            archive::SIGNATURE_MEMBER.as_bytes(),
+            0o644,
+            &serde_json::to_vec(&s).unwrap(),
+        );
+        let mut out = bad;
+        let mut tail = pack(&[sig]);
+        tail.extend_from_slice(&[0u8; 1024]);
+        out.extend(tail);
+        out
+    };
+    let foreign = HostKey::load_or_create(&dir.path().join("foreign-keys")).unwrap();
+    let mut unsigned = pack(&members);
+    unsigned.extend_from_slice(&[0u8; 1024]);
+
+    let mut symlink = Member::new(T::Symlink, b"fs/esc", 0o777, b"");
+    symlink.link = Some(canary_dir.path().as_os_str().as_encoded_bytes().to_vec());
+    let mut block = pwned(T::Block, b"fs/sda", 0o600);
+    block.header.set_device_major(8).unwrap();
+    block.header.set_device_minor(0).unwrap();
+    let mut chr = pwned(T::Char, b"fs/mem", 0o600);
+    chr.header.set_device_major(1).unwrap();
+    chr.header.set_device_minor(1).unwrap();
+    let mut xattr = pwned(T::Regular, b"fs/cap", 0o755);
+    xattr.pax = vec![(
+        "SCHILY.xattr.security.capability".into(),
+        vec![
+            1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ],
+    )];
+    let mut hardlink = Member::new(T::Link, b"fs/h", 0o644, b"");
+    hardlink.link = Some(first_image.as_bytes().to_vec());
+    let mut hardlink_out = Member::new(T::Link, b"fs/h2", 0o644, b"");
+    hardlink_out.link = Some(format!("fs/{aim}").into_bytes());
+    // A CRIU image name with a space, in the manifest and the member alike.
+    let renamed_image = {
+        let old = format!("images/{}", members_image0(&members));
+        let mut ms = with_manifest(&members, |m| m["images"][0]["name"] = "core 1.img".into());
+        for m in ms.iter_mut().filter(|m| m.path == old.as_bytes()) {
+            m.path = b"images/core 1.img".to_vec();
+        }
+        ms
+    };
+
+    let corpus: Vec<(&str, Vec<u8>, i32, &str)> = vec![
+        (
+            "id-traversal",
+            seal(&with_manifest(&members, |m| m["id"] = aim.clone().into())),
+            2,
+            "invalid checkpoint id",
+        ),
+        (
+            "name-traversal",
+            seal(&with_manifest(&members, |m| m["name"] = aim.clone().into())),
+            2,
+            "invalid checkpoint name",
+        ),
+        (
+            "session-image-traversal",
+            seal(&with_manifest(&members, |m| {
+                m["session"]["image"] = "../../../../etc".into()
+            })),
+            2,
+            "invalid image",
+        ),
+        (
+            "session-id-traversal",
+            seal(&with_manifest(&members, |m| {
+                m["session"]["id"] = aim.clone().into()
+            })),
+            2,
+            "invalid session id",
+        ),
+        (
+            "criu-image-name",
+            seal(&renamed_image),
+            2,
+            "invalid CRIU image name \"core 1.img\"",
+        ),
+        (
+            "criu-image-traversal",
+            seal(&plus(
+                &members,
+                vec![pwned(T::Regular, &[b"images/", aim_b].concat(), 0o644)],
+            )),
+            2,
+            "a \"..\" component",
+        ),
+        (
+            "absolute-path",
+            seal(&plus(
+                &members,
+                vec![pwned(
+                    T::Regular,
+                    canary.as_os_str().as_encoded_bytes(),
+                    0o644,
+                )],
+            )),
+            2,
+            "absolute path",
+        ),
+        (
+            "dotdot-path",
+            seal(&plus(
+                &members,
+                vec![pwned(T::Regular, &[b"fs/", aim_b].concat(), 0o644)],
+            )),
+            2,
+            "a \"..\" component",
+        ),
+        (
+            "symlink-escape",
+            seal(&plus(
+                &members,
+                vec![symlink, pwned(T::Regular, b"fs/esc/canary", 0o644)],
+            )),
+            2,
+            "goes through the symlink member fs/esc",
+        ),
+        (
+            "block-device",
+            seal(&plus(&members, vec![block])),
+            2,
+            "a block device node",
+        ),
+        (
+            "char-device",
+            seal(&plus(&members, vec![chr])),
+            2,
+            "only 0:0 overlay whiteouts are accepted",
+        ),
+        (
+            "fifo",
+            seal(&plus(&members, vec![pwned(T::Fifo, b"fs/p", 0o644)])),
+            2,
+            "a fifo",
+        ),
+        (
+            "setuid",
+            seal(&plus(&members, vec![pwned(T::Regular, b"fs/suid", 0o4755)])),
+            2,
+            "setuid or setgid bit",
+        ),
+        (
+            "setgid",
+            seal(&plus(&members, vec![pwned(T::Regular, b"fs/sgid", 0o2755)])),
+            2,
+            "setuid or setgid bit",
+        ),
+        (
+            "foreign-xattr",
+            seal(&plus(&members, vec![xattr])),
+            2,
+            "extended attribute \"security.capability\"",
+        ),
+        (
+            "hardlink-to-an-image",
+            seal(&plus(&members, vec![hardlink])),
+            2,
+            "which is not an earlier regular file under fs/",
+        ),
+        (
+            "hardlink-outside",
+            seal(&plus(&members, vec![hardlink_out])),
+            2,
+            "a \"..\" component",
+        ),
+        (
+            "member-outside-the-layout",
+            seal(&plus(
+                &members,
+                vec![pwned(T::Regular, b"etc/passwd", 0o644)],
+            )),
+            2,
+            "not a member of a drums checkpoint archive",
+        ),
+        (
+            "truncated",
+            signed[..signed.len() / 2 + 100].to_vec(),
+            2,
+            "not a readable checkpoint archive",
+        ),
+        (
+            "flipped-image-byte",
+            flipped_image,
+            2,
+            "archive checksum mismatch",
+        ),
+        (
+            "flipped-fs-byte",
+            flipped_fs,
+            2,
+            "archive checksum mismatch",
+        ),
+        ("bad-signature", resigned_sha, 2, "bad archive signature"),
+        (
+            "untrusted-signer",
+            archive::seal(&pack(&members), &foreign),
+            6,
+            "which this host does not trust",
+        ),
+        ("unsigned", unsigned.clone(), 6, "the archive is not signed"),
+    ];
+    assert_nothing_kept(&d, "before", &canary);
+    for (what, bytes, code, msg) in &corpus {
+        let f = dir.path().join(format!("{what}.tar"));
+        std::fs::write(&f, bytes).unwrap();
+        let o = d.drums(&["checkpoint", "import", f.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(*code), "{what}: {err}");
+        assert!(err.contains(msg), "{what}: expected {msg:?} in: {err}");
+        assert_nothing_kept(&d, what, &canary);
+    }
+
+    // Accepted only when asked for by name: unsigned, and an untrusted signer.
+    let f = dir.path().join("unsigned.tar");
+    let id = ok(d.drums(&[
+        "checkpoint",
+        "import",
+        "--trust-unsigned",
+        f.to_str().unwrap(),
+    ]));
+    ok(d.drums(&["checkpoint", "rm", &id]));
+    // A signature that does not verify is refused even then.
+    let f = dir.path().join("bad-signature.tar");
+    let o = d.drums(&[
+        "checkpoint",
+        "import",
+        "--trust-unsigned",
+        f.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_nothing_kept(&d, "bad signature with --trust-unsigned", &canary);
+
+    // Trusting the foreign key by its line in trusted-keys.
+    std::fs::write(
+        d.state.path().join("trusted-keys"),
+        format!(
+            "{}\n# the test's second host\n{} drums@elsewhere\n",
+            keys::TRUSTED_KEYS_HEADER,
+            keys::public_key_text(&foreign.public())
+        ),
+    )
+    .unwrap();
+    let f = dir.path().join("untrusted-signer.tar");
+    let id = ok(d.drums(&["checkpoint", "import", f.to_str().unwrap()]));
+    assert_ne!(id, ck.id, "an import gets a fresh id");
+    // The same name again: a conflict, and nothing more kept.
+    let o = d.drums(&["checkpoint", "import", f.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    let l: drums_api::CheckpointList =
+        serde_json::from_slice(&d.drums(&["checkpoints", "--json"]).stdout).unwrap();
+    assert_eq!(l.checkpoints.len(), 1);
+
+    // `drums key show` prints the line another host trusts this one by.
+    let line = ok(d.drums(&["key", "show"]));
+    let ours = keys::public_key_text(&key.public());
+    assert!(line.starts_with(&format!("{ours} drums@")), "{line}");
+
+    ok(d.drums(&["checkpoint", "rm", &id]));
+    assert_nothing_kept(&d, "after", &canary);
+    d.stop_and_check_leaks();
+}
+
+fn members_image0(members: &[Member]) -> String {
+    let m: serde_json::Value = serde_json::from_slice(&members[0].data).unwrap();
+    m["images"][0]["name"].as_str().unwrap().to_owned()
+}
+
+/// The content of an archive's signature member.
+fn read_sig(archive_bytes: &[u8]) -> Vec<u8> {
+    let mut a = tar::Archive::new(archive_bytes);
+    for e in a.entries().unwrap() {
+        let mut e = e.unwrap();
+        if &*e.path_bytes() == archive::SIGNATURE_MEMBER.as_bytes() {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut v).unwrap();
+            return v;
+        }
+    }
+    panic!("no signature member");
+}
+/// An export whose tar fails part-way: the CLI exits non-zero and leaves
+/// neither the archive nor a temporary file; the same export then works.
+#[test]
+fn a_failed_export_leaves_no_file() {
+    let mut d = TestDaemon::start();
+    let ck = run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        d.checkpoint(&s.id, false, false).await
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ck.tar");
+    run(d.arm(Some("export.tar")));
+    let o = d.drums(&["checkpoint", "export", &ck.id, out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("failed part-way"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "a failed export left {left:?}");
+    run(d.arm(None));
+    ok(d.drums(&["checkpoint", "export", &ck.id, out.to_str().unwrap()]));
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("ck.tar")]);
+    // The archive is whole: signed, and it imports (under its name, free
+    // again once the original is gone).
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    let id = ok(d.drums(&["checkpoint", "import", out.to_str().unwrap()]));
+    ok(d.drums(&["checkpoint", "rm", &id]));
+    d.stop_and_check_leaks();
+}
