@@ -19,6 +19,18 @@ pub struct MountStep {
     pub data: Option<String>,
 }
 
+impl MountStep {
+    fn apply(&self, sys: &dyn Syscall) -> Result<(), drums_sys::SysError> {
+        sys.mount(
+            self.source.as_deref(),
+            &self.target,
+            self.fstype.as_deref(),
+            self.flags,
+            self.data.as_deref(),
+        )
+    }
+}
+
 fn step(
     source: &str,
     target: PathBuf,
@@ -223,13 +235,7 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
         if s.source.is_some() {
             fs::create_dir_all(&s.target).map_err(io("create mount point", &s.target))?;
         }
-        sys.mount(
-            s.source.as_deref(),
-            &s.target,
-            s.fstype.as_deref(),
-            s.flags,
-            s.data.as_deref(),
-        )?;
+        s.apply(sys)?;
         if s.fstype.as_deref() == Some("tmpfs") && s.target.ends_with("dev") {
             populate_dev(sys, &s.target)?;
         }
@@ -241,13 +247,7 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
             if s.target.symlink_metadata().is_err() {
                 continue;
             }
-            sys.mount(
-                s.source.as_deref(),
-                &s.target,
-                s.fstype.as_deref(),
-                s.flags,
-                s.data.as_deref(),
-            )?;
+            s.apply(sys)?;
         }
     }
     write_identity(cfg)?;

@@ -93,21 +93,27 @@ pub fn cgroup_limits(l: &Limits) -> drums_cgroup::Limits {
     }
 }
 
+/// A policy for unit tests: defaults a desktop fits in.
+#[cfg(test)]
+pub(crate) fn test_policy() -> LimitPolicy {
+    LimitPolicy {
+        defaults: Limits {
+            memory_bytes: Some(4 << 30),
+            pids_max: Some(2048),
+            cpus: Some(1.0),
+            disk_bytes: Some(10 << 30),
+        },
+        max_disk_bytes: 50 << 30,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     fn policy() -> LimitPolicy {
-        LimitPolicy {
-            defaults: Limits {
-                memory_bytes: Some(4 << 30),
-                pids_max: Some(2048),
-                cpus: Some(1.0),
-                disk_bytes: Some(10 << 30),
-            },
-            max_disk_bytes: 50 << 30,
-        }
+        test_policy()
     }
 
     #[test]

@@ -231,15 +231,7 @@ mod tests {
     use super::*;
 
     fn policy() -> LimitPolicy {
-        LimitPolicy {
-            defaults: Limits {
-                memory_bytes: Some(4 << 30),
-                pids_max: Some(2048),
-                cpus: Some(1.0),
-                disk_bytes: Some(10 << 30),
-            },
-            max_disk_bytes: 50 << 30,
-        }
+        crate::limits::test_policy()
     }
 
     #[test]
