@@ -70,6 +70,12 @@ pub struct DaemonArgs {
     /// session opens to the host; none by default. See docs/security.md.
     #[arg(long = "bridge-service", value_name = "PROTO:PORT")]
     pub bridge_services: Vec<drums_net::Service>,
+    /// A name server for sessions with `--egress nat` (repeatable, IPv4):
+    /// written to their /etc/resolv.conf, and the only private address they
+    /// may reach, on port 53. Default: the IPv4 name servers of this host's
+    /// /etc/resolv.conf that sessions can reach (not loopback).
+    #[arg(long = "dns", value_name = "ADDR")]
+    pub dns: Vec<std::net::Ipv4Addr>,
     /// Parent cgroup of every session's cgroup.
     #[arg(long, default_value = "drums")]
     pub cgroup_parent: String,
@@ -153,6 +159,11 @@ impl DaemonArgs {
             subnet,
             prefix,
             bridge_services: self.bridge_services.clone(),
+            nameservers: if self.dns.is_empty() {
+                host_nameservers(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default())
+            } else {
+                self.dns.clone()
+            },
             cgroup_parent: self.cgroup_parent.clone(),
             store_size: self.store_gib << 30,
             store_reserve: self.store_reserve,
@@ -280,6 +291,18 @@ fn parse_disk_arg(s: &str) -> Result<Limit<u64>, String> {
     })
 }
 
+/// The IPv4 name servers of a resolv.conf that a session could reach through
+/// the host: a loopback resolver (systemd-resolved's 127.0.0.53) is the
+/// host's alone, so it is left out.
+fn host_nameservers(resolv_conf: &str) -> Vec<std::net::Ipv4Addr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<std::net::Ipv4Addr>().ok())
+        .filter(|a| !a.is_loopback() && !a.is_unspecified())
+        .collect()
+}
+
 fn parse_cidr(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
     let (a, p) = s
         .split_once('/')
@@ -302,6 +325,26 @@ fn parse_cidr(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_servers_come_from_resolv_conf_without_loopback() {
+        let got = host_nameservers(
+            "# comment\nnameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver ::1\nsearch x\nnameserver 192.0.2.1 \n",
+        );
+        assert_eq!(
+            got,
+            vec![
+                "10.255.255.53".parse::<std::net::Ipv4Addr>().unwrap(),
+                "192.0.2.1".parse().unwrap()
+            ]
+        );
+        let cli = Cli::try_parse_from(["drumsd", "--dns", "198.51.100.2"]).unwrap();
+        assert_eq!(
+            cli.daemon.dns,
+            vec!["198.51.100.2".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+        assert!(Cli::try_parse_from(["drumsd", "--dns", "not-an-address"]).is_err());
+    }
 
     #[test]
     fn bridge_services_are_empty_by_default_and_checked() {

@@ -120,6 +120,67 @@ impl Drop for World {
     }
 }
 
+impl World {
+    /// A name server inside the world on UDP port 53 that answers every A
+    /// query with the world's own address, until the test ends. A minimal
+    /// DNS responder: the question echoed, one answer pointing at it.
+    fn serve_dns(&self) -> DnsServer {
+        let pid = self.child.id();
+        let sock = std::thread::spawn(move || {
+            let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).unwrap();
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 53)).unwrap()
+        })
+        .join()
+        .unwrap();
+        // Polled, so the server can stop: its socket holds the world's
+        // namespace (and its veth) for as long as it is open.
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                if n < 12 {
+                    continue;
+                }
+                let mut a = buf[..n].to_vec();
+                a[2] = 0x81; // response, recursion desired
+                a[3] = 0x80; // recursion available, no error
+                a[6..8].copy_from_slice(&1u16.to_be_bytes()); // one answer
+                a[8..12].fill(0);
+                // Name pointer to the question, A, IN, TTL 60, 4 bytes.
+                a.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+                a.extend_from_slice(&World::ADDR.parse::<Ipv4Addr>().unwrap().octets());
+                let _ = sock.send_to(&a, peer);
+            }
+        });
+        DnsServer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// The world's name server; stops, and closes its socket, when dropped.
+struct DnsServer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Python in the session: connect to `ip:port`, exit 0 on success.
 fn connect_script(ip: &str, port: u16) -> String {
     format!("python3 -c \"import socket; socket.create_connection(('{ip}', {port}), timeout=1.5)\"")
@@ -244,4 +305,46 @@ fn bad_egress_is_refused_and_changes_nothing() {
         .unwrap();
     assert!(listed.sessions.is_empty(), "{:?}", listed.sessions);
     d.stop_and_check_leaks();
+}
+
+/// A session with egress gets drumsd's name servers in /etc/resolv.conf and
+/// may query them, so `pip install` can resolve its index; a session without
+/// egress keeps the image's file and reaches no name server.
+#[test]
+fn egress_sessions_resolve_names_through_the_configured_name_server() {
+    let world = World::new();
+    let dns = world.serve_dns();
+    let mut d = TestDaemon::start_with(&["--dns", World::ADDR]);
+    let nat = run(d.create(&CreateSession {
+        egress: Some("nat".into()),
+        ..Default::default()
+    }))
+    .unwrap();
+    let closed = run(d.create(&CreateSession::default())).unwrap();
+
+    let (_, conf, _) = d.sh(&nat.id, "cat /etc/resolv.conf");
+    assert_eq!(conf, format!("nameserver {}", World::ADDR));
+    let (code, out, err) = d.sh(&nat.id, "getent hosts outside.test");
+    assert_eq!(code, 0, "nat session could not resolve a name: {err}");
+    assert!(out.starts_with(World::ADDR), "{out}");
+    let (code, _, err) = d.sh(&nat.id, &connect_script("outside.test", PORT));
+    assert_eq!(code, 0, "nat session -> outside world by name: {err}");
+
+    let (_, conf, _) = d.sh(&closed.id, "cat /etc/resolv.conf");
+    assert!(!conf.contains(World::ADDR), "{conf}");
+    let (code, ..) = d.sh(
+        &closed.id,
+        &format!(
+            "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.5); s.sendto(b'x'*12, ('{}', 53)); s.recv(512)\"",
+            World::ADDR
+        ),
+    );
+    assert_ne!(code, 0, "a session without egress reached the name server");
+
+    for s in [&nat, &closed] {
+        run(d.rm(&s.id)).unwrap();
+    }
+    d.stop_and_check_leaks();
+    drop(dns);
+    world.finish();
 }

@@ -26,6 +26,10 @@ pub struct InitConfig {
     pub root: PathBuf,
     /// Host directory holding drums-init and drums-guest, bind-mounted read-only.
     pub bin_dir: PathBuf,
+    /// Name servers for /etc/resolv.conf: drumsd's, for a session with
+    /// egress; empty otherwise (the image's file is kept).
+    #[serde(default)]
+    pub nameservers: Vec<String>,
     /// Turns off the session's confinement: capabilities, seccomp, the
     /// masked and read-only /proc and /sys paths, and the device allow-list
     /// (`drums create --privileged`, as Podman's). Off unless asked for.

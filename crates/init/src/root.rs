@@ -258,7 +258,6 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
             s.apply(sys)?;
         }
     }
-    write_identity(cfg)?;
     Ok(())
 }
 
@@ -291,8 +290,13 @@ fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
 
 /// Hostname, hosts and machine-id live on the session's upper layer, so each
 /// session (and, later, each restored sibling) has its own.
-fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
-    let etc = cfg.root.join("etc");
+///
+/// Called after [`pivot`]: the files are the image's, and an image's symlink
+/// (`/etc/hosts -> /etc/shadow`, say) must resolve inside the session, never
+/// against the host's root that stage 1 saw before the pivot.
+pub fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
+    let root = Path::new("/");
+    let etc = root.join("etc");
     let write = |name: &str, content: String| {
         let p = etc.join(name);
         fs::write(&p, content).map_err(io("write", &p))
@@ -307,7 +311,17 @@ fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
         hosts.push_str(&format!("{ip}\t{}\n", cfg.hostname));
     }
     write("hosts", hosts)?;
-    let tmp = cfg.root.join("tmp");
+    // A session with egress gets drumsd's name servers; one without keeps
+    // the image's file (it reaches no server anyway).
+    if !cfg.nameservers.is_empty() {
+        let conf: String = cfg
+            .nameservers
+            .iter()
+            .map(|n| format!("nameserver {n}\n"))
+            .collect();
+        write("resolv.conf", conf)?;
+    }
+    let tmp = root.join("tmp");
     fs::create_dir_all(&tmp).map_err(io("create dir", &tmp))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(io("chmod", &tmp))?;
     Ok(())
@@ -343,6 +357,7 @@ mod tests {
             root: "/r".into(),
             bin_dir: "/bin-host".into(),
             privileged: false,
+            nameservers: vec![],
             fault: None,
         }
     }

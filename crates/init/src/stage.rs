@@ -137,6 +137,7 @@ fn run_stage1(cfg: &InitConfig) -> Result<Infallible, InitError> {
     let sys = LinuxSyscall;
     root::build(&sys, cfg)?;
     root::pivot(&sys, cfg)?;
+    root::write_identity(cfg)?;
     sys.sethostname(&cfg.hostname)?;
     // drumsd configures the network namespace while we built the root; the
     // services must not start before their addresses exist.

@@ -18,8 +18,9 @@
 //!   bridge back to the bridge is dropped (no session reaches another through
 //!   the host's routing, whatever `ip_forward` says); forwarding from the bridge
 //!   elsewhere is allowed only from the `egress` sources and never to the
-//!   `private` ranges, and is masqueraded; nothing from elsewhere is forwarded
-//!   into the bridge except replies.
+//!   `private` ranges, except DNS (port 53) to the `resolvers` drumsd names
+//!   for egress sessions ([`set_resolvers`]), and is masqueraded; nothing from
+//!   elsewhere is forwarded into the bridge except replies.
 //!
 //! Both tables are replaced atomically by [`install`] (one nftables
 //! transaction) and deleted together by [`remove`].
@@ -255,6 +256,23 @@ pub fn add_port(bridge: &str, port: &Port) -> Result<(), FirewallError> {
     Ok(())
 }
 
+/// The name servers egress sessions may query on port 53 (UDP and TCP), even
+/// where they lie in a `private` range, as a host's resolver often does: the
+/// `resolvers` set becomes exactly `resolvers`. A session without egress
+/// reaches none of them (its traffic is never forwarded at all).
+pub fn set_resolvers(bridge: &str, resolvers: &[Ipv4Addr]) -> Result<(), FirewallError> {
+    let table = table_name(bridge);
+    let mut cmds = vec![json!({"flush": {"set": {"family": "inet", "table": table,
+        "name": "resolvers"}}})];
+    if !resolvers.is_empty() {
+        cmds.push(json!({"add": {"element": {"family": "inet", "table": table,
+            "name": "resolvers",
+            "elem": resolvers.iter().map(|r| r.to_string()).collect::<Vec<_>>()}}}));
+    }
+    Nft::new()?.run("set resolvers", &table, &json!({"nftables": cmds}))?;
+    Ok(())
+}
+
 /// Forgets every element naming `ifname` on `bridge` (its spoofing and egress
 /// entries). Absent elements, or an absent firewall, are fine: teardown calls
 /// this for every link it deletes, after a crash at any point.
@@ -470,6 +488,8 @@ fn inet_table(table: &str, bridge: &str, services: &[Service]) -> Vec<Value> {
             "type": "ipv4_addr"}}}),
         json!({"add": {"set": {"family": "inet", "table": table, "name": "private",
             "type": "ipv4_addr", "flags": ["interval"], "elem": private}}}),
+        json!({"add": {"set": {"family": "inet", "table": table, "name": "resolvers",
+            "type": "ipv4_addr"}}}),
         chain("input", "filter", "input", 0),
         chain("forward", "filter", "forward", 0),
         chain("postrouting", "nat", "postrouting", 100),
@@ -485,6 +505,17 @@ fn inet_table(table: &str, bridge: &str, services: &[Service]) -> Vec<Value> {
         rule("input", json!([from_bridge, {"drop": null}])),
         // Forward: never session to session, even routed by the host.
         rule("forward", json!([from_bridge, to_bridge, {"drop": null}])),
+        // DNS for egress sessions, before the private ranges are refused: a
+        // host's resolver is usually in one.
+        rule(
+            "forward",
+            json!([from_bridge, ip("saddr", "==", "@egress"), ip("daddr", "==", "@resolvers"),
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}},
+                    "right": {"set": ["udp", "tcp"]}}},
+                {"match": {"op": "==", "left": {"payload": {"protocol": "th", "field": "dport"}},
+                    "right": 53}},
+                {"accept": null}]),
+        ),
         rule(
             "forward",
             json!([from_bridge, ip("saddr", "==", "@egress"), ip("daddr", "!=", "@private"),
@@ -650,6 +681,27 @@ mod tests {
         for bad in ["tcp", "tcp:0", "tcp:65536", "icmp:1", ":80", "tcp:80:1", ""] {
             assert!(bad.parse::<Service>().is_err(), "{bad}");
         }
+    }
+
+    /// DNS to the configured resolvers is accepted before the private ranges
+    /// are refused (a host's resolver is usually in one), and only for egress
+    /// sources and port 53.
+    #[test]
+    fn resolvers_are_allowed_before_the_private_ranges_are_refused() {
+        let cmds = inet_table("drums-x", "x", &[]);
+        let forward: Vec<String> = cmds
+            .iter()
+            .filter(|c| c["add"]["rule"]["chain"] == "forward")
+            .map(|c| c["add"]["rule"]["expr"].to_string())
+            .collect();
+        let dns = forward
+            .iter()
+            .position(|e| e.contains("@resolvers"))
+            .unwrap();
+        let private = forward.iter().position(|e| e.contains("@private")).unwrap();
+        assert!(dns < private, "{forward:#?}");
+        assert!(forward[dns].contains("@egress") && forward[dns].contains("53"));
+        assert!(cmds.iter().any(|c| c["add"]["set"]["name"] == "resolvers"));
     }
 
     #[test]

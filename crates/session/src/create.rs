@@ -101,6 +101,15 @@ impl Manager {
             root: dir.join("root"),
             bin_dir: self.bin_dir.clone(),
             privileged: spec.privileged,
+            nameservers: if spec.egress == Egress::Nat {
+                self.cfg
+                    .nameservers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            },
             fault: self.faults.for_init(),
         };
         self.faults.check("create.spawn")?;

@@ -35,6 +35,10 @@ pub struct ManagerConfig {
     /// connections the firewall lets a session open to the host. Empty by
     /// default; the coordinator's proxy adds its own.
     pub bridge_services: Vec<drums_net::Service>,
+    /// Name servers a session with egress `nat` gets in /etc/resolv.conf and
+    /// may query on port 53, private range or not (see
+    /// drums_net::firewall::set_resolvers).
+    pub nameservers: Vec<Ipv4Addr>,
     /// Name of the cgroup under which every session's cgroup lives.
     pub cgroup_parent: String,
     /// Size of the sparse btrfs image when the state directory is not on btrfs.
@@ -199,6 +203,8 @@ impl Manager {
                 &m.cfg.bridge_services,
             )
             .await?;
+        drums_net::firewall::set_resolvers(&m.cfg.bridge, &m.cfg.nameservers)
+            .map_err(drums_net::NetError::from)?;
         // The cgroup parent, with the caps on all sessions together; after the
         // sweep, so a previous daemon's sessions no longer count against them.
         m.catalog
