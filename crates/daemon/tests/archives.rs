@@ -589,3 +589,30 @@ fn a_failed_export_leaves_no_file() {
     ok(d.drums(&["checkpoint", "rm", &id]));
     d.stop_and_check_leaks();
 }
+
+/// An archive larger than the store has room for (its free space less
+/// drumsd's reserve) is refused as it arrives, with nothing kept: a huge
+/// import cannot fill the store under the sessions. The daemon's reserve is
+/// set so that room is about 100 MiB; the archive is 200 MiB.
+#[test]
+fn an_archive_larger_than_the_store_has_room_for_is_refused() {
+    let mut d = TestDaemon::start_with(&["--store-reserve", "3900M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let canary_dir = tempfile::tempdir().unwrap();
+    let canary = canary_dir.path().join("canary");
+    std::fs::write(&canary, "canary\n").unwrap();
+    let big = dir.path().join("big.tar");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(200 << 20).unwrap();
+    let o = d.drums(&[
+        "checkpoint",
+        "import",
+        "--trust-unsigned",
+        big.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("room for"), "{err}");
+    assert_nothing_kept(&d, "an archive over the store's room", &canary);
+    d.stop_and_check_leaks();
+}

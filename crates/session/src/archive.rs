@@ -154,9 +154,17 @@ impl Manager {
                     .open(&spool)
                     .map_err(io("create", &spool))?,
             );
+            // An archive may not take the store's reserve: counted as it
+            // arrives, refused at the first byte over.
+            let room = crate::manager::import_room(&self.cfg, &self.store_root)?;
+            let mut spooled = 0u64;
             while let Some(chunk) = body.next().await {
                 let chunk =
                     chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
+                spooled += chunk.len() as u64;
+                if spooled > room {
+                    return Err(SessionError::ArchiveTooLarge { room });
+                }
                 f.write_all(&chunk).await.map_err(io("write", &spool))?;
             }
             f.flush().await.map_err(io("write", &spool))?;

@@ -81,6 +81,9 @@ pub enum SessionError {
     Desktop(String),
     #[error("session init: {0}")]
     Init(String),
+    /// An import's archive would take the store's reserve.
+    #[error("archive larger than the {room} bytes the store has room for (its free space less drumsd's reserve)")]
+    ArchiveTooLarge { room: u64 },
     #[error("injected fault at {0}")]
     Injected(String),
     #[error("session {id} did not become ready within {waited_ms} ms{detail}")]
@@ -113,6 +116,7 @@ impl SessionError {
             // The store (or what it holds for sessions) is full: the request
             // was fine, the state of the host refuses it for now.
             e if out_of_room(e) => ErrorKind::Conflict,
+            SessionError::ArchiveTooLarge { .. } => ErrorKind::Conflict,
             SessionError::NotFound(_)
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,

@@ -460,6 +460,26 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
 
 /// Turn quotas on for the store, cap all of drums' subvolumes together at the
 /// store's size minus the reserve, and resolve the disk default against that.
+/// The bytes of a store of `size` bytes kept from sessions (and from
+/// imports being spooled) for drumsd's own writes.
+pub(crate) fn store_reserve(cfg: &ManagerConfig, size: u64) -> u64 {
+    cfg.store_reserve
+        .unwrap_or_else(|| (size / 10).max(MIN_STORE_RESERVE))
+}
+
+/// What an import may spool onto the store now: its free space less the
+/// reserve, so a huge archive is refused before it can fill the store.
+pub(crate) fn import_room(cfg: &ManagerConfig, store_root: &Path) -> Result<u64, SessionError> {
+    let fs = nix::sys::statvfs::statvfs(store_root).map_err(|e| SessionError::Io {
+        op: "statvfs",
+        path: store_root.into(),
+        source: e.into(),
+    })?;
+    let size = fs.blocks() * fs.fragment_size();
+    let free = fs.blocks_available() * fs.fragment_size();
+    Ok(free.saturating_sub(store_reserve(cfg, size)))
+}
+
 fn quota_store(
     store_root: &Path,
     cfg: &ManagerConfig,
@@ -470,9 +490,7 @@ fn quota_store(
         source: e.into(),
     })?;
     let size = fs.blocks() * fs.block_size() as u64;
-    let reserve = cfg
-        .store_reserve
-        .unwrap_or_else(|| (size / 10).max(MIN_STORE_RESERVE));
+    let reserve = store_reserve(cfg, size);
     let room = size
         .checked_sub(reserve)
         .filter(|r| *r > 0)
