@@ -15,6 +15,7 @@ fn dump_once_restore_twice() {
     let orig = fx.overlay("orig");
     let init = fx.start_tree(&orig, &ext);
     let images = fx.mkdir("images");
+    let snap = fx.mkdir("snapshot");
 
     let mut seen = Vec::new();
     let dump = criu
@@ -36,6 +37,15 @@ fn dump_once_restore_twice() {
                         Some('t'),
                         "tree not stopped during post-dump"
                     );
+                    // The files consistent with the image (a counter.tmp the
+                    // tree has open included): the restores start from them.
+                    let st = std::process::Command::new("cp")
+                        .arg("-a")
+                        .arg(orig.upper.join("."))
+                        .arg(&snap)
+                        .status()
+                        .unwrap();
+                    assert!(st.success(), "copy the frozen upper layer");
                 }
                 seen.push(s.to_string());
                 Ok(())
@@ -64,7 +74,7 @@ fn dump_once_restore_twice() {
     let orig_ns = pid_ns(init);
     let mut restored_ns = Vec::new();
     for i in 0..2 {
-        let ov = fx.overlay(&format!("restore{i}"));
+        let ov = fx.overlay_seeded(&format!("restore{i}"), Some(&snap));
         let work = fx.mkdir(&format!("restore{i}/work-dir"));
         let mut notes: Vec<(String, i32)> = Vec::new();
         let rep = criu
@@ -138,7 +148,7 @@ fn dump_once_restore_twice() {
 
     // A restore aborted after its root exists (say, the veth could not be set
     // up at setup-namespaces) must leave no process, and no zombie child of ours.
-    let ov = fx.overlay("restore-aborted");
+    let ov = fx.overlay_seeded("restore-aborted", Some(&snap));
     let work = fx.mkdir("restore-aborted/work-dir");
     let mut root = 0;
     let err = criu

@@ -315,7 +315,16 @@ impl InitPipe {
 
     /// Let stage 1 go on to start the services, and wait for its `ok`.
     async fn go(&mut self) -> Result<(), SessionError> {
-        self.send("go\n").await?;
+        if let Err(e) = self.send("go\n").await {
+            // Stage 1 exited without reading it (a broken pipe): its own
+            // report, already on the pipe, names the cause.
+            if let Ok(Err(init_err)) =
+                tokio::time::timeout(Duration::from_millis(300), self.next()).await
+            {
+                return Err(init_err);
+            }
+            return Err(e);
+        }
         match self.next().await? {
             Report::Ok => Ok(()),
             other => Err(unexpected(other)),

@@ -64,10 +64,32 @@ impl Fixture {
     /// An overlay with lower "/" and its own upper/work, mounted at
     /// `<dir>/<name>/merged`, with the test tree's mountpoints present.
     pub fn overlay(&mut self, name: &str) -> Overlay {
+        self.overlay_seeded(name, None)
+    }
+
+    /// An overlay whose upper layer starts as a copy of `seed` (the files of
+    /// a dump, copied while the tree was frozen), as drums restores a
+    /// checkpoint's snapshot: a file the tree held open at the dump must be
+    /// there again for CRIU to reopen it.
+    pub fn overlay_seeded(&mut self, name: &str, seed: Option<&Path>) -> Overlay {
         let base = self.dir.join(name);
         let (upper, work, merged) = (base.join("upper"), base.join("work"), base.join("merged"));
         for d in [&upper, &work, &merged] {
             std::fs::create_dir_all(d).unwrap();
+        }
+        if let Some(seed) = seed {
+            let st = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(seed.join("."))
+                .arg(&upper)
+                .status()
+                .unwrap();
+            assert!(
+                st.success(),
+                "seed {} into {}",
+                seed.display(),
+                upper.display()
+            );
         }
         // Mountpoints the session needs that "/" may not have.
         std::fs::create_dir_all(upper.join(EXT_MOUNTPOINT.trim_start_matches('/'))).unwrap();
