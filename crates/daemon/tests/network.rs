@@ -18,11 +18,16 @@ use drums_api::CreateSession;
 const PORT: u16 = 18095;
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
+/// One world at a time in this binary: every world has the same addresses
+/// and host-side link name, and the tests run two at a time.
+static ONE_WORLD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The outside world: a namespace held by a `sleep`, with a veth to the host.
 struct World {
     child: Child,
     host_end: String,
     listener: Option<TcpListener>,
+    _only: std::sync::MutexGuard<'static, ()>,
 }
 
 impl World {
@@ -30,6 +35,9 @@ impl World {
     const ADDR: &'static str = "198.51.100.2";
 
     fn new() -> World {
+        // A test that failed while holding it poisons it; the world it held
+        // is gone with that test's Drop.
+        let only = ONE_WORLD.lock().unwrap_or_else(|p| p.into_inner());
         let mut cmd = Command::new("sleep");
         cmd.arg("120").stdin(Stdio::null());
         // SAFETY: runs in the forked child before exec and only calls
@@ -47,6 +55,7 @@ impl World {
             child,
             host_end,
             listener: None,
+            _only: only,
         };
         let ns = format!("--net=/proc/{pid}/ns/net");
         let host = format!("{}/24", World::HOST);
