@@ -66,12 +66,20 @@ async fn host_used_median() -> f64 {
 }
 
 async fn create(c: &Client, profile: &str) -> Result<(Session, f64), Failure> {
-    let req = CreateSession {
-        profile: Some(profile.into()),
-        ..Default::default()
-    };
+    create_with(
+        c,
+        &CreateSession {
+            profile: Some(profile.into()),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// A session made from `req`, and the seconds until it was ready.
+async fn create_with(c: &Client, req: &CreateSession) -> Result<(Session, f64), Failure> {
     let t = Instant::now();
-    let s: Session = c.json(Method::POST, "/v1/sessions", Some(&req)).await?;
+    let s: Session = c.json(Method::POST, "/v1/sessions", Some(req)).await?;
     Ok((s, t.elapsed().as_secs_f64()))
 }
 

@@ -442,18 +442,28 @@ async fn configure_session_side(
         .await
         .map_err(netlink("set up", SESSION_IFNAME))?;
     if default_route {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .gateway(gateway)
-            .output_interface(eth0)
-            .build();
-        handle
-            .route()
-            .add(route)
-            .execute()
-            .await
-            .map_err(netlink("add default route", SESSION_IFNAME))?;
+        add_default_route(handle, eth0, gateway).await?;
     }
     Ok(())
+}
+
+/// A default route via `gateway` out of the link `ifindex`, in the
+/// namespace `handle` speaks to.
+pub async fn add_default_route(
+    handle: &Handle,
+    ifindex: u32,
+    gateway: Ipv4Addr,
+) -> Result<(), NetError> {
+    let route = RouteMessageBuilder::<Ipv4Addr>::new()
+        .gateway(gateway)
+        .output_interface(ifindex)
+        .build();
+    handle
+        .route()
+        .add(route)
+        .execute()
+        .await
+        .map_err(netlink("add default route", SESSION_IFNAME))
 }
 
 async fn set_up(handle: &Handle, name: &str) -> Result<(), NetError> {

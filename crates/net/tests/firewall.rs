@@ -567,15 +567,7 @@ fn make_world(fx: &mut Fixture, net: &Net, rt: &tokio::runtime::Runtime, private
                 .map_err(netlink_err("world link up"))?;
         }
         let eth0 = get_link(&h, "eth0").await?.expect("eth0").header.index;
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .gateway(host)
-            .output_interface(eth0)
-            .build();
-        h.route()
-            .add(route)
-            .execute()
-            .await
-            .map_err(netlink_err("world default route"))
+        drums_net::add_default_route(&h, eth0, host).await
     }))
     .expect("world, inside");
     pid
@@ -603,15 +595,7 @@ fn egress_nat_reaches_the_outside_but_not_the_host_or_private_ranges() {
     // A hostile session without egress adds the default route itself.
     rt.block_on(in_netns(closed, move |h| async move {
         let eth0 = get_link(&h, "eth0").await?.expect("eth0").header.index;
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .gateway(gw)
-            .output_interface(eth0)
-            .build();
-        h.route()
-            .add(route)
-            .execute()
-            .await
-            .map_err(netlink_err("default route"))
+        drums_net::add_default_route(&h, eth0, gw).await
     }))
     .unwrap();
 

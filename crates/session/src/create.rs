@@ -122,16 +122,9 @@ impl Manager {
 
         // The network is configured while stage 1 builds the root.
         if let Err(e) = self.network(rec, spec, pid).await {
-            // Stage 1 runs meanwhile: if it failed, its own report names the
-            // cause, and the network error is only a consequence of its exit.
-            // A healthy stage 1 says nothing until `go`, so this wait only costs
-            // time on the failure path.
-            if let Ok(Err(init_err)) =
-                tokio::time::timeout(Duration::from_millis(300), init.next()).await
-            {
-                return Err(init_err);
-            }
-            return Err(e);
+            // Stage 1 runs meanwhile: the network error may only be a
+            // consequence of its exit.
+            return Err(init.cause(e).await);
         }
         init.go().await?;
 
@@ -313,17 +306,22 @@ impl InitPipe {
         }
     }
 
+    /// The root cause of `e`, a failure that stage 1's exit may explain: if
+    /// stage 1 failed, its own report (already on the pipe, or about to be)
+    /// names the cause. A healthy stage 1 says nothing until `go`, so the
+    /// short wait only costs time on a failure path.
+    async fn cause(&mut self, e: SessionError) -> SessionError {
+        match tokio::time::timeout(Duration::from_millis(300), self.next()).await {
+            Ok(Err(init_err)) => init_err,
+            _ => e,
+        }
+    }
+
     /// Let stage 1 go on to start the services, and wait for its `ok`.
     async fn go(&mut self) -> Result<(), SessionError> {
         if let Err(e) = self.send("go\n").await {
-            // Stage 1 exited without reading it (a broken pipe): its own
-            // report, already on the pipe, names the cause.
-            if let Ok(Err(init_err)) =
-                tokio::time::timeout(Duration::from_millis(300), self.next()).await
-            {
-                return Err(init_err);
-            }
-            return Err(e);
+            // Stage 1 exited without reading it (a broken pipe).
+            return Err(self.cause(e).await);
         }
         match self.next().await? {
             Report::Ok => Ok(()),

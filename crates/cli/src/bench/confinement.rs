@@ -4,13 +4,14 @@
 //! same machine. Reports p50 and p95 per arm, the ratio of the medians, and
 //! the median of the per-round ratios.
 
-use std::time::Instant;
-
 use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 use serde_json::json;
 
-use super::{delete_checkpoint, percentile, remove, sh, wait_port, WORKLOAD};
+use super::{
+    create_with as timed_create, delete_checkpoint, percentile, remove, restore_n, sh, wait_port,
+    WORKLOAD,
+};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -33,25 +34,10 @@ fn request(profile: &str, privileged: bool) -> CreateSession {
     }
 }
 
-async fn timed_create(c: &Client, req: &CreateSession) -> Result<(Session, f64), Failure> {
-    let t = Instant::now();
-    let s: Session = c.json(Method::POST, "/v1/sessions", Some(req)).await?;
-    Ok((s, t.elapsed().as_secs_f64()))
-}
-
+/// One sibling of `ck`, and the seconds until it was ready.
 async fn timed_restore(c: &Client, ck: &str) -> Result<(Session, f64), Failure> {
-    let t = Instant::now();
-    let mut r: drums_api::RestoreResult = c
-        .json(
-            Method::POST,
-            &format!("/v1/checkpoints/{}/restore", crate::commands::enc(ck)),
-            Some(&drums_api::RestoreRequest {
-                count: 1,
-                name: None,
-            }),
-        )
-        .await?;
-    Ok((r.sessions.remove(0), t.elapsed().as_secs_f64()))
+    let (mut v, t) = restore_n(c, ck, 1).await?;
+    Ok((v.remove(0), t))
 }
 
 /// The checkpoint each arm restores from: a warm headless session (the
