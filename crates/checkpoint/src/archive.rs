@@ -14,7 +14,8 @@
 //! `images/NAME` (a regular file with a CRIU file name) or lies under `fs/`; an
 //! `fs/` member is a regular file, directory, symlink, hard link to an earlier
 //! `fs/` file or an overlay whiteout (character device 0:0), without setuid or
-//! setgid bits, with no xattr but `trusted.overlay.*`, and no member's path
+//! setgid bits, with no xattr but [`OVERLAY_XATTRS`], no pax record a newline
+//! breaks, and no member's path
 //! goes through a symlink member; no path is absolute or has a `..`; and the
 //! signature verifies with a trusted key (or the importer said
 //! `--trust-unsigned`). The same parser (the `tar` crate) then extracts the
@@ -213,7 +214,11 @@ pub fn pass_members<R: Read>(
 ) -> Result<[u8; 32]> {
     let (mut a, st) = tee(tar_out, out);
     for (i, e) in a.entries().map_err(read_err)?.enumerate() {
-        let e = e.map_err(read_err)?;
+        let mut e = e.map_err(read_err)?;
+        // A member an import would refuse fails the export, loudly, rather
+        // than make an archive nobody can import.
+        let raw = e.path_bytes().into_owned();
+        pax_records(&mut e, &raw)?;
         let end = e.raw_file_position() + padded(e.size());
         st.borrow_mut().advance(end).map_err(read_err)?;
         after_member(i)?;
@@ -314,7 +319,42 @@ fn pax_key_allowed(key: &str) -> bool {
             | "hdrcharset"
     ) || key
         .strip_prefix("SCHILY.xattr.")
-        .is_some_and(|x| x.starts_with("trusted.overlay."))
+        .is_some_and(|x| OVERLAY_XATTRS.contains(&x))
+}
+
+/// The overlay xattrs an archive carries: those that give an upper layer its
+/// meaning. An export writes no other (`trusted.overlay.origin`, `impure` and
+/// `uuid` name inodes and filesystems of the exporting host, and hold binary
+/// values), and an import accepts no other.
+pub const OVERLAY_XATTRS: &[&str] = &["trusted.overlay.opaque", "trusted.overlay.redirect"];
+
+/// A member's pax records, each framed by its length.
+///
+/// The `tar` crate (0.4.46) splits a pax header on newlines before it reads
+/// each record's length, so a value holding a newline (a long file name or
+/// link target with a newline in it, or a binary xattr) fails to parse, and
+/// its tail could be read as a record of its own (tar-rs issues 428 and 452).
+/// Such a member is refused, here and at export, rather than read in a way
+/// GNU tar would not.
+fn pax_records(e: &mut tar::Entry<'_, impl Read>, raw: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let Some(exts) = e.pax_extensions().map_err(read_err)? else {
+        return Ok(out);
+    };
+    for x in exts {
+        let x = x.map_err(|_| {
+            refused(
+                raw,
+                "a pax record this reader cannot frame (a value holding a newline: \
+                 a long file name, link target or xattr with a newline in it)",
+            )
+        })?;
+        let key = x
+            .key()
+            .map_err(|_| refused(raw, "a pax record that is not UTF-8"))?;
+        out.push((key.to_owned(), x.value_bytes().to_vec()));
+    }
+    Ok(out)
 }
 
 /// A member's path as plain components: no root, no `.`/`..`, no NUL.
@@ -404,21 +444,16 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
             signature = Some(text);
             continue;
         }
-        if let Some(exts) = e.pax_extensions().map_err(read_err)? {
-            for x in exts {
-                let x = x.map_err(read_err)?;
-                let key = x
-                    .key()
-                    .map_err(|_| refused(&raw, "a pax record that is not UTF-8"))?;
-                if !pax_key_allowed(key) {
-                    let why = match key.strip_prefix("SCHILY.xattr.") {
-                        Some(x) => {
-                            format!("extended attribute {x:?} (only trusted.overlay.* is accepted)")
-                        }
-                        None => format!("pax record {key:?}"),
-                    };
-                    return Err(refused(&raw, why));
-                }
+        for (key, _) in pax_records(&mut e, &raw)? {
+            if !pax_key_allowed(&key) {
+                let why = match key.strip_prefix("SCHILY.xattr.") {
+                    Some(x) => format!(
+                        "extended attribute {x:?} (only {} are accepted)",
+                        OVERLAY_XATTRS.join(" and ")
+                    ),
+                    None => format!("pax record {key:?}"),
+                };
+                return Err(refused(&raw, why));
             }
         }
         if !seen.insert(p.clone()) {
@@ -658,16 +693,11 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
                 source,
             }
         };
-        // verify() accepted only trusted.overlay.* here.
-        let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
-        if let Some(exts) = e.pax_extensions().map_err(read_err)? {
-            for x in exts {
-                let x = x.map_err(read_err)?;
-                if let Some(name) = x.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
-                    xattrs.push((name.to_owned(), x.value_bytes().to_vec()));
-                }
-            }
-        }
+        // verify() accepted only OVERLAY_XATTRS here.
+        let xattrs: Vec<(String, Vec<u8>)> = pax_records(&mut e, &raw)?
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("SCHILY.xattr.")?.to_owned(), v)))
+            .collect();
         let kind = e.header().entry_type();
         if kind.is_character_special() {
             // An overlay whiteout (verify refused every other device): the
@@ -923,12 +953,44 @@ mod tests {
         }
     }
 
+    /// An overlay origin, as the kernel writes one: a binary file handle,
+    /// here holding a newline byte.
+    #[test]
+    fn a_pax_value_with_a_newline_fails_the_export_and_the_import() {
+        let kd = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(kd.path()).unwrap();
+        let t = trust(vec![key.public()]);
+        let mut stream = tar_stream(&[]);
+        stream.truncate(stream.len() - 1024);
+        let mut b = tar::Builder::new(stream);
+        b.append_pax_extensions([(
+            "SCHILY.xattr.trusted.overlay.opaque",
+            &b"y\n12 path=x\n"[..],
+        )])
+        .unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(0);
+        b.append_data(&mut h, "fs/dir", &b""[..]).unwrap();
+        let stream = b.into_inner().unwrap();
+        let e = pass_members(&stream[..], |_: &[u8]| Ok(()), |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot frame") && e.contains("fs/dir"), "{e}");
+        let mut members = stream.clone();
+        members.truncate(members.len() - 1024);
+        let e = verify_bytes(&seal(&members, &key), &t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot frame"), "{e}");
+    }
+
     #[test]
     fn only_overlay_xattrs_and_plain_records_pass() {
         assert!(pax_key_allowed("SCHILY.xattr.trusted.overlay.opaque"));
         assert!(pax_key_allowed("path"));
         assert!(!pax_key_allowed("SCHILY.xattr.security.capability"));
         assert!(!pax_key_allowed("SCHILY.xattr.trusted.other"));
+        assert!(!pax_key_allowed("SCHILY.xattr.trusted.overlay.origin"));
         assert!(!pax_key_allowed("GNU.sparse.map"));
     }
 }

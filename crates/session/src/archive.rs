@@ -47,7 +47,9 @@ const TAR_FS_FLAGS: &[&str] = &[
     "--format=posix",
     "--pax-option=delete=atime,delete=ctime",
     "--xattrs",
-    "--xattrs-include=trusted.overlay.*",
+    // drums_checkpoint::archive::OVERLAY_XATTRS
+    "--xattrs-include=trusted.overlay.opaque",
+    "--xattrs-include=trusted.overlay.redirect",
     "--numeric-owner",
 ];
 
