@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -148,6 +148,10 @@ pub struct SessionRecord {
     pub origin: Option<String>,
     /// Runs without the session's confinement (`--privileged`).
     pub privileged: bool,
+    /// The host id that is uid and gid 0 in the session's user namespace (its
+    /// range is [`IdPool::size`] ids); `None`: no user namespace (a
+    /// privileged session, or a sibling of a checkpoint taken without one).
+    pub id_base: Option<u32>,
 }
 
 /// An IPv4 pool to allocate session addresses from: `base` is the network
@@ -156,6 +160,15 @@ pub struct SessionRecord {
 pub struct IpPool {
     pub base: std::net::Ipv4Addr,
     pub prefix: u8,
+}
+
+/// Host id ranges to allocate user namespaces from: slot `i` is
+/// `first + i * size .. + size`.
+#[derive(Debug, Clone, Copy)]
+pub struct IdPool {
+    pub first: u32,
+    pub size: u32,
+    pub slots: u32,
 }
 
 pub struct Catalog {
@@ -278,12 +291,13 @@ impl Catalog {
     // ---- sessions ----------------------------------------------------------
 
     /// Insert a session in state `creating`, allocating its address from `pool`
-    /// (when given) in the same transaction, so two concurrent creates can never
-    /// get one name or one address.
+    /// and its id range from `ids` (when given) in the same transaction, so two
+    /// concurrent creates can never get one name, one address or one range.
     pub fn insert_session(
         &self,
         mut rec: SessionRecord,
         pool: Option<IpPool>,
+        ids: Option<IdPool>,
     ) -> Result<SessionRecord> {
         let mut c = self.conn();
         let tx = c
@@ -334,14 +348,38 @@ impl Catalog {
                 o[0], o[1], o[2], o[3]
             ));
         }
+        if let Some(ids) = ids {
+            let used: std::collections::HashSet<u32> = {
+                let mut st = tx
+                    .prepare("SELECT id_base FROM sessions WHERE id_base IS NOT NULL")
+                    .map_err(sql("list id ranges"))?;
+                let bases = st
+                    .query_map([], |r| r.get::<_, u32>(0))
+                    .map_err(sql("list id ranges"))?
+                    .filter_map(|r| r.ok())
+                    .collect();
+                bases
+            };
+            let base = (0..ids.slots)
+                .map(|i| ids.first + i * ids.size)
+                .find(|b| !used.contains(b))
+                .ok_or_else(|| {
+                    CatalogError::PoolExhausted(format!(
+                        "{} id ranges of {} from {}",
+                        ids.slots, ids.size, ids.first
+                    ))
+                })?;
+            rec.id_base = Some(base);
+        }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
                 rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin,
                 rec.egress,
-                rec.privileged
+                rec.privileged,
+                rec.id_base
             ],
         )
         .map_err(sql("insert session"))?;
@@ -539,7 +577,7 @@ fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<
     Ok(rec)
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged FROM sessions";
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -562,6 +600,7 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             origin: r.get(13)?,
             egress: r.get(14)?,
             privileged: r.get(15)?,
+            id_base: r.get(16)?,
         },
         r.get(9)?,
     ))
@@ -648,6 +687,18 @@ fn migrate(conn: &Connection) -> Result<()> {
         )
         .map_err(sql("migrate to schema 3"))?;
     }
+    if version < 4 {
+        // Sessions made before user namespaces have none (NULL). The index
+        // makes a range belong to one session at a time.
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE sessions ADD COLUMN id_base INTEGER;
+             CREATE UNIQUE INDEX sessions_id_base ON sessions (id_base);
+             PRAGMA user_version = 4;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 4"))?;
+    }
     Ok(())
 }
 
@@ -680,6 +731,7 @@ mod tests {
             origin: None,
             egress: "none".into(),
             privileged: false,
+            id_base: None,
         }
     }
 
@@ -689,26 +741,54 @@ mod tests {
     };
 
     #[test]
+    fn id_ranges_are_allocated_lowest_first_and_freed_with_the_session() {
+        let ids = IdPool {
+            first: 1 << 20,
+            size: 65536,
+            slots: 2,
+        };
+        let c = Catalog::in_memory().unwrap();
+        let a = c.insert_session(rec("a", "one"), None, Some(ids)).unwrap();
+        assert_eq!(a.id_base, Some(1 << 20));
+        let b = c.insert_session(rec("b", "two"), None, Some(ids)).unwrap();
+        assert_eq!(b.id_base, Some((1 << 20) + 65536));
+        assert_eq!(c.session("b").unwrap().unwrap().id_base, b.id_base);
+        assert!(matches!(
+            c.insert_session(rec("c", "three"), None, Some(ids)),
+            Err(CatalogError::PoolExhausted(_))
+        ));
+        let p = c
+            .insert_session(rec("p", "privileged"), None, None)
+            .unwrap();
+        assert_eq!(p.id_base, None);
+        c.delete_session("a").unwrap();
+        let d = c.insert_session(rec("d", "four"), None, Some(ids)).unwrap();
+        assert_eq!(d.id_base, Some(1 << 20), "a freed range is reused");
+    }
+
+    #[test]
     fn names_are_unique_and_addresses_allocated_lowest_first() {
         let c = Catalog::in_memory().unwrap();
-        let a = c.insert_session(rec("a", "one"), Some(POOL)).unwrap();
+        let a = c.insert_session(rec("a", "one"), Some(POOL), None).unwrap();
         assert_eq!(a.ip.as_deref(), Some("10.9.0.2"));
         assert_eq!(a.mac.as_deref(), Some("02:64:0a:09:00:02"));
-        let b = c.insert_session(rec("b", "two"), Some(POOL)).unwrap();
+        let b = c.insert_session(rec("b", "two"), Some(POOL), None).unwrap();
         assert_eq!(b.ip.as_deref(), Some("10.9.0.3"));
         assert!(
-            matches!(c.insert_session(rec("c", "one"), Some(POOL)), Err(CatalogError::NameTaken(n)) if n == "one")
+            matches!(c.insert_session(rec("c", "one"), Some(POOL), None), Err(CatalogError::NameTaken(n)) if n == "one")
         );
         c.delete_session("a").unwrap();
-        let d = c.insert_session(rec("d", "three"), Some(POOL)).unwrap();
+        let d = c
+            .insert_session(rec("d", "three"), Some(POOL), None)
+            .unwrap();
         assert_eq!(d.ip.as_deref(), Some("10.9.0.2"), "freed address is reused");
         // /29: offsets 2..=6 usable
         for (i, n) in ["x4", "x5", "x6"].iter().enumerate() {
-            c.insert_session(rec(&format!("e{i}"), n), Some(POOL))
+            c.insert_session(rec(&format!("e{i}"), n), Some(POOL), None)
                 .unwrap();
         }
         assert!(matches!(
-            c.insert_session(rec("f", "full"), Some(POOL)),
+            c.insert_session(rec("f", "full"), Some(POOL), None),
             Err(CatalogError::PoolExhausted(_))
         ));
         assert_eq!(c.session("two").unwrap().unwrap().id, "b");
@@ -900,7 +980,7 @@ mod tests {
         let e = Catalog::open(&p).err().unwrap();
         assert_eq!(
             e.to_string(),
-            "catalog schema version 99 is newer than this drums supports (3)"
+            "catalog schema version 99 is newer than this drums supports (4)"
         );
     }
 }

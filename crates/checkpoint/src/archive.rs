@@ -771,6 +771,7 @@ mod tests {
                 generation: 0,
                 egress: "none".into(),
                 privileged: false,
+                user_namespace: true,
             },
             host: HostFingerprint::of_this_host("4.2.1"),
             clean: false,

@@ -24,7 +24,10 @@ use sha2::{Digest, Sha256};
 /// gets a fresh id, the archive's id kept in `origin`; the source session's
 /// `egress` and `privileged`. A version-1 manifest reads as one with no
 /// origin, egress `none` and not privileged (what those sessions had).
-pub const FORMAT_VERSION: u32 = 2;
+///
+/// 3: the source session's `user_namespace`; a manifest of format 1 or 2
+/// reads as one without (none of those sessions had one).
+pub const FORMAT_VERSION: u32 = 3;
 
 pub mod archive;
 pub mod keys;
@@ -179,6 +182,11 @@ pub struct SourceSession {
     /// manifests, which were all taken before confinement existed: false.
     #[serde(default)]
     pub privileged: bool,
+    /// The session ran in a user namespace: its stored files are owned by
+    /// `drums_session::ids::DISK_BASE + k`, and each sibling gets an id
+    /// range of its own. Absent before format 3: false.
+    #[serde(default)]
+    pub user_namespace: bool,
 }
 
 fn egress_none() -> String {
@@ -417,6 +425,7 @@ mod tests {
                 limits: serde_json::json!({}),
                 generation: 0,
                 privileged: false,
+                user_namespace: true,
             },
             host: host(),
             clean: false,

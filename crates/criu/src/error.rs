@@ -62,6 +62,19 @@ pub enum CriuError {
         source: nix::Error,
     },
 
+    /// An image drums rewrites (the user namespace's) is not what CRIU
+    /// writes.
+    #[error("criu image {path}: {why}")]
+    Image { path: PathBuf, why: String },
+
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("criu {op}: encode request: {source}")]
     Encode { op: Op, source: protobuf::Error },
 

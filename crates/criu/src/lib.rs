@@ -25,6 +25,7 @@ use rust_criu::rust_criu_protobuf::rpc::{Criu_req_type, Criu_resp};
 mod error;
 pub mod request;
 mod swrk;
+pub mod userns_image;
 
 pub use error::{log_tail, CriuError, Op};
 pub use swrk::NotifyFn;

@@ -16,14 +16,15 @@ pub struct InitConfig {
     pub ip: Option<String>,
     /// Every cgroup.procs file the session must join before it unshares.
     pub cgroup_procs: Vec<PathBuf>,
-    /// Overlay layers: the image (read-only), and the session's upper and work
-    /// directories on its btrfs subvolume.
-    pub lower: PathBuf,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    /// An empty host directory the root is assembled on; the mount exists only in
-    /// the session's mount namespace.
+    /// The session's root: an overlay drumsd mounted on the host (its layers
+    /// idmapped for a user namespace). Stage 1 binds it onto itself in the
+    /// session's mount namespace and builds the rest there.
     pub root: PathBuf,
+    /// Make the session's namespaces in a user namespace of their own. Stage
+    /// 0 reports [`Report::MapIds`] and waits for drumsd's `mapped` line:
+    /// only host root can write a map of another range.
+    #[serde(default)]
+    pub user_namespace: bool,
     /// Host directory holding drums-init and drums-guest, bind-mounted read-only.
     pub bin_dir: PathBuf,
     /// Name servers for /etc/resolv.conf: drumsd's, for a session with
@@ -45,6 +46,9 @@ pub struct InitConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Report {
+    /// Stage 0 is in its new user namespace: drumsd writes its uid and gid
+    /// maps, then sends `mapped`.
+    MapIds,
     /// Stage 0: the host pid of the session's PID 1.
     Pid(i32),
     /// Stage 1: the root is built and the network is in place; stage 2 starts.

@@ -5,7 +5,10 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use drums_sys::{MntFlags, Mode, MsFlags, SFlag, Syscall};
+use drums_sys::{MntFlags, MsFlags, Syscall};
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 
 use crate::{io, InitConfig, InitError, BIN_DIR};
 
@@ -47,35 +50,31 @@ fn step(
     }
 }
 
-/// Character devices every session gets: the allow-list. Anything else (disks,
-/// /dev/mem, kvm) stays out of reach because /dev is a fresh tmpfs.
-pub const DEVICES: &[(&str, u64, u64)] = &[
-    ("null", 1, 3),
-    ("zero", 1, 5),
-    ("full", 1, 7),
-    ("random", 1, 8),
-    ("urandom", 1, 9),
-    ("tty", 5, 0),
-];
+/// Character devices every session gets, each a bind of the host's node: a
+/// session's root cannot mknod (it has no CAP_MKNOD in the host's user
+/// namespace), and a node on a tmpfs mounted in a user namespace would not
+/// open anyway. Anything else (disks, /dev/mem, kvm) stays out of reach
+/// because /dev is a fresh tmpfs, and the devices cgroup refuses the rest.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// The mounts of a session root, in order. The root itself comes first; every
 /// other mount lands inside it.
-pub fn mount_plan(cfg: &InitConfig) -> Vec<MountStep> {
-    let r = &cfg.root;
+///
+/// `r` is the root's path and `bin_src` the drums binaries' host directory,
+/// as stage 1 reaches them (see [`HostDirs`]).
+pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
+    let r = &r.to_path_buf();
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let overlay = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        cfg.lower.display(),
-        cfg.upper.display(),
-        cfg.work.display()
-    );
     vec![
+        // The root drumsd mounted, bound onto itself: a mount of the session's
+        // own. pivot_root refuses a mount that the copy into a user
+        // namespace's mount namespace locked (EINVAL).
         step(
-            "overlay",
+            &r.display().to_string(),
             r.clone(),
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(&overlay),
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
         ),
         step(
             "proc",
@@ -124,13 +123,7 @@ pub fn mount_plan(cfg: &InitConfig) -> Vec<MountStep> {
             nosuid_nodev,
             Some("mode=755,size=64m"),
         ),
-        step(
-            &cfg.bin_dir.display().to_string(),
-            join_abs(r, BIN_DIR),
-            None,
-            MsFlags::MS_BIND,
-            None,
-        ),
+        step(bin_src, join_abs(r, BIN_DIR), None, MsFlags::MS_BIND, None),
         // A bind mount ignores MS_RDONLY on creation; read-only takes a remount.
         MountStep {
             source: None,
@@ -184,8 +177,7 @@ pub const READ_ONLY: &[&str] = &[
 /// The confinement mounts, applied after [`mount_plan`] unless the session is
 /// privileged. A target that does not exist on this kernel is skipped, as
 /// runc skips it: there is nothing to hide.
-pub fn confine_plan(cfg: &InitConfig) -> Vec<MountStep> {
-    let r = &cfg.root;
+pub fn confine_plan(r: &Path) -> Vec<MountStep> {
     let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let mut plan = Vec::new();
     let null = join_abs(r, "/dev/null").display().to_string();
@@ -222,9 +214,47 @@ fn join_abs(root: &Path, abs: &str) -> PathBuf {
     root.join(abs.trim_start_matches('/'))
 }
 
+/// The host directories stage 1 needs, opened by stage 0 in the session's
+/// mount namespace while it is still host uid 0. The session's root (host
+/// range) may not even traverse drumsd's state directory (0700), where both
+/// live; these descriptors reach them without a path walk.
+pub struct HostDirs {
+    /// The directory holding the root mount point (`cfg.root`'s parent).
+    parent: OwnedFd,
+    /// `cfg.bin_dir`.
+    bin: OwnedFd,
+}
+
+impl HostDirs {
+    pub fn open(cfg: &InitConfig) -> Result<HostDirs, InitError> {
+        let dir = |p: &Path| -> Result<OwnedFd, InitError> {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(p)
+                .map(OwnedFd::from)
+                .map_err(io("open", p))
+        };
+        let parent = cfg.root.parent().unwrap_or(Path::new("/"));
+        Ok(HostDirs {
+            parent: dir(parent)?,
+            bin: dir(&cfg.bin_dir)?,
+        })
+    }
+
+    /// The root as stage 1 names it once in [`HostDirs::parent`].
+    fn root(cfg: &InitConfig) -> &Path {
+        cfg.root
+            .file_name()
+            .map(Path::new)
+            .unwrap_or(Path::new("."))
+    }
+}
+
 /// Make the session's mounts private, then apply the plan, preparing mount
-/// points and /dev's contents on the way.
-pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
+/// points and /dev's contents on the way. Paths are relative to the root's
+/// parent directory, which becomes the working directory.
+pub fn build(sys: &dyn Syscall, cfg: &InitConfig, dirs: &HostDirs) -> Result<(), InitError> {
     // Private, recursively: nothing mounted in the session propagates back to the
     // host, and the host's later mounts do not appear in the session.
     sys.mount(
@@ -235,7 +265,13 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
         None,
     )?;
     cfg.check_fault("init.mount")?;
-    for s in mount_plan(cfg) {
+    nix::unistd::fchdir(dirs.parent.as_raw_fd()).map_err(|source| InitError::Nix {
+        op: "chdir to the root's directory",
+        source,
+    })?;
+    let r = HostDirs::root(cfg);
+    let bin_src = format!("/proc/self/fd/{}", dirs.bin.as_raw_fd());
+    for s in mount_plan(r, &bin_src) {
         if s.source.is_some() {
             fs::create_dir_all(&s.target).map_err(io("create mount point", &s.target))?;
         }
@@ -245,11 +281,11 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
         }
     }
     if !cfg.privileged {
-        let empty = join_abs(&cfg.root, MASK_DIR);
+        let empty = join_abs(r, MASK_DIR);
         fs::create_dir_all(&empty).map_err(io("create", &empty))?;
         fs::set_permissions(&empty, fs::Permissions::from_mode(0o555))
             .map_err(io("chmod", &empty))?;
-        for s in confine_plan(cfg) {
+        for s in confine_plan(r) {
             // symlink_metadata: a target must exist, and is never followed
             // out of the tree (these are all kernel file systems anyway).
             if s.target.symlink_metadata().is_err() {
@@ -262,16 +298,17 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
 }
 
 fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
-    for (name, major, minor) in DEVICES {
+    for name in DEVICES {
         let p = dev.join(name);
-        sys.mknod(
+        fs::File::create(&p).map_err(io("create", &p))?;
+        let host = Path::new("/dev").join(name);
+        sys.mount(
+            Some(&host.display().to_string()),
             &p,
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(*major, *minor),
+            None,
+            MsFlags::MS_BIND,
+            None,
         )?;
-        // mknod honours the umask; devices must be usable by every user.
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).map_err(io("chmod", &p))?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -332,7 +369,7 @@ pub fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
 /// needing a directory for it inside the session (runc's trick).
 pub fn pivot(sys: &dyn Syscall, cfg: &InitConfig) -> Result<(), InitError> {
     cfg.check_fault("init.pivot")?;
-    sys.chdir(&cfg.root)?;
+    sys.chdir(HostDirs::root(cfg))?;
     sys.pivot_root(Path::new("."), Path::new("."))?;
     sys.umount2(Path::new("."), MntFlags::MNT_DETACH)?;
     sys.chdir(Path::new("/"))?;
@@ -351,10 +388,8 @@ mod tests {
             machine_id: "0".repeat(32),
             ip: None,
             cgroup_procs: vec![],
-            lower: "/img".into(),
-            upper: "/sv/upper".into(),
-            work: "/sv/work".into(),
             root: "/r".into(),
+            user_namespace: true,
             bin_dir: "/bin-host".into(),
             privileged: false,
             nameservers: vec![],
@@ -363,13 +398,11 @@ mod tests {
     }
 
     #[test]
-    fn overlay_is_first_and_everything_else_lands_inside_it() {
-        let plan = mount_plan(&cfg());
-        assert_eq!(plan[0].fstype.as_deref(), Some("overlay"));
-        assert_eq!(
-            plan[0].data.as_deref(),
-            Some("lowerdir=/img,upperdir=/sv/upper,workdir=/sv/work")
-        );
+    fn the_root_is_bound_first_and_everything_else_lands_inside_it() {
+        let plan = mount_plan(Path::new("/r"), "/bin-host");
+        assert_eq!(plan[0].source.as_deref(), Some("/r"));
+        assert_eq!(plan[0].target, Path::new("/r"));
+        assert!(plan[0].flags.contains(MsFlags::MS_BIND | MsFlags::MS_REC));
         for s in &plan[1..] {
             assert!(
                 s.target.starts_with("/r/"),
@@ -392,7 +425,7 @@ mod tests {
 
     #[test]
     fn confinement_hides_and_locks_what_runc_does_inside_the_root() {
-        let plan = confine_plan(&cfg());
+        let plan = confine_plan(Path::new("/r"));
         for s in &plan {
             assert!(
                 s.target.starts_with("/r/"),
@@ -430,7 +463,7 @@ mod tests {
         assert!(READ_ONLY.contains(&"/proc/sys"));
         assert!(MASKED_FILES.contains(&"/proc/kcore"));
         // Every tmpfs of the session has a size.
-        for s in mount_plan(&cfg()).iter().chain(&plan) {
+        for s in mount_plan(Path::new("/r"), "/bin-host").iter().chain(&plan) {
             if s.fstype.as_deref() == Some("tmpfs") {
                 assert!(s.data.as_deref().unwrap_or("").contains("size="), "{s:?}");
             }
@@ -444,7 +477,7 @@ mod tests {
         assert_eq!(
             sys.calls(),
             vec![
-                Call::Chdir("/r".into()),
+                Call::Chdir("r".into()),
                 Call::PivotRoot {
                     new_root: ".".into(),
                     put_old: ".".into()
@@ -475,7 +508,11 @@ mod tests {
         let sys = RecordingSyscall::new();
         let mut c = cfg();
         c.fault = Some("init.mount".into());
-        assert!(build(&sys, &c).is_err());
+        let mut c2 = c.clone();
+        c2.root = "/tmp/r".into();
+        c2.bin_dir = "/".into();
+        let dirs = HostDirs::open(&c2).unwrap();
+        assert!(build(&sys, &c, &dirs).is_err());
         assert!(
             matches!(&sys.calls()[0], Call::Mount { flags, .. } if flags.contains(MsFlags::MS_PRIVATE | MsFlags::MS_REC))
         );

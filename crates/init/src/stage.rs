@@ -66,11 +66,11 @@ pub fn stage0() -> ! {
         Err(e) => fail(e),
     };
     match run_stage0(&cfg) {
-        Ok(ForkResult::Parent { child }) => {
+        Ok((ForkResult::Parent { child }, _)) => {
             report(&Report::Pid(child.as_raw()));
             std::process::exit(0)
         }
-        Ok(ForkResult::Child) => stage1(&cfg),
+        Ok((ForkResult::Child, dirs)) => stage1(&cfg, &dirs),
         Err(e) => fail(e),
     }
 }
@@ -80,7 +80,7 @@ fn fail(e: InitError) -> ! {
     std::process::exit(1)
 }
 
-fn run_stage0(cfg: &InitConfig) -> Result<ForkResult, InitError> {
+fn run_stage0(cfg: &InitConfig) -> Result<(ForkResult, root::HostDirs), InitError> {
     cfg.check_fault("init.cgroup")?;
     let me = std::process::id().to_string();
     for procs in &cfg.cgroup_procs {
@@ -96,13 +96,44 @@ fn run_stage0(cfg: &InitConfig) -> Result<ForkResult, InitError> {
     // memory-management flags and nothing else.
     unsafe { libc::prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) };
     cfg.check_fault("init.unshare")?;
-    LinuxSyscall.unshare(namespaces())?;
+    let dirs = if cfg.user_namespace {
+        // One call: every other new namespace is owned by the new user
+        // namespace, so the session's root has power over them only.
+        LinuxSyscall.unshare(namespaces() | CloneFlags::CLONE_NEWUSER)?;
+        // Still host uid 0, owner of drumsd's state directory.
+        let dirs = root::HostDirs::open(cfg)?;
+        become_root_of_user_namespace()?;
+        dirs
+    } else {
+        LinuxSyscall.unshare(namespaces())?;
+        root::HostDirs::open(cfg)?
+    };
     // SAFETY: drums-init is single-threaded here (no runtime, no threads
     // spawned), so the child may run arbitrary code after fork.
-    unsafe { nix::unistd::fork() }.map_err(|source| InitError::Nix { op: "fork", source })
+    let forked =
+        unsafe { nix::unistd::fork() }.map_err(|source| InitError::Nix { op: "fork", source })?;
+    Ok((forked, dirs))
 }
 
-/// The namespaces a session gets.
+/// Wait until drumsd has written our id maps, then take uid and gid 0 of the
+/// new namespace (the session's host range). The capabilities the kernel
+/// gave us in the new namespace are kept: uid 0 there is its root.
+fn become_root_of_user_namespace() -> Result<(), InitError> {
+    report(&Report::MapIds);
+    match read_line().map_err(InitError::ReadConfig)? {
+        Some(l) if l == "mapped" => {}
+        _ => return Err(InitError::Abandoned),
+    }
+    let root = |op, r: nix::Result<()>| r.map_err(|source| InitError::Nix { op, source });
+    let (u, g) = (nix::unistd::Uid::from_raw(0), nix::unistd::Gid::from_raw(0));
+    root("setresgid 0", nix::unistd::setresgid(g, g, g))?;
+    // Host root's supplementary groups mean nothing in here (they show as
+    // nogroup), and must not follow the session.
+    root("setgroups", nix::unistd::setgroups(&[]))?;
+    root("setresuid 0", nix::unistd::setresuid(u, u, u))
+}
+
+/// The namespaces a session gets (a user namespace too, unless privileged).
 ///
 /// No cgroup namespace, although runc makes one on cgroup v2: CRIU 4.2.1
 /// restores a tree whose threads live in a cgroup namespace only when it
@@ -122,20 +153,20 @@ pub fn namespaces() -> CloneFlags {
 }
 
 /// Stage 1, PID 1 of the new namespaces.
-fn stage1(cfg: &InitConfig) -> ! {
-    match run_stage1(cfg) {
+fn stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> ! {
+    match run_stage1(cfg, dirs) {
         Ok(never) => match never {},
         Err(e) => fail(e),
     }
 }
 
-fn run_stage1(cfg: &InitConfig) -> Result<Infallible, InitError> {
+fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, InitError> {
     nix::unistd::setsid().map_err(|source| InitError::Nix {
         op: "setsid",
         source,
     })?;
     let sys = LinuxSyscall;
-    root::build(&sys, cfg)?;
+    root::build(&sys, cfg, dirs)?;
     root::pivot(&sys, cfg)?;
     root::write_identity(cfg)?;
     sys.sethostname(&cfg.hostname)?;

@@ -20,6 +20,27 @@ use crate::{io, teardown, SessionError};
 /// to CRIU: it comes from the host and is re-bound on restore, never dumped.
 pub const BIN_MOUNT: (&str, &str) = (drums_init::BIN_DIR, "drums-bin");
 
+/// Every bind mount a session gets from the host, as CRIU's dump names them:
+/// (mount point inside, key). The drums binaries and each device node of
+/// /dev (binds of the host's nodes: see `drums_init::root::DEVICES`).
+pub fn external_mounts_dump() -> Vec<(String, String)> {
+    let mut v = vec![(BIN_MOUNT.0.to_owned(), BIN_MOUNT.1.to_owned())];
+    for d in drums_init::root::DEVICES {
+        v.push((format!("/dev/{d}"), format!("dev-{d}")));
+    }
+    v
+}
+
+/// The same mounts as a restore binds them: (key, host path). A checkpoint
+/// taken before devices were binds has no such keys, and CRIU ignores them.
+pub fn external_mounts_restore(bin_dir: &std::path::Path) -> Vec<(String, PathBuf)> {
+    let mut v = vec![(BIN_MOUNT.1.to_owned(), bin_dir.to_owned())];
+    for d in drums_init::root::DEVICES {
+        v.push((format!("dev-{d}"), PathBuf::from("/dev").join(d)));
+    }
+    v
+}
+
 /// How often a dump is tried when a netlink socket had unread messages.
 const DUMP_ATTEMPTS: u32 = 3;
 /// CRIU's error for that case (criu/sk-netlink.c).
@@ -133,7 +154,7 @@ impl Manager {
             // freeze alone cost 100 ms of frozen time. Seizing a session's few
             // processes with ptrace takes a few ms.
             freeze_cgroup: None,
-            external_mounts: vec![(BIN_MOUNT.0.to_owned(), BIN_MOUNT.1.to_owned())],
+            external_mounts: external_mounts_dump(),
             network_lock: network_lock(&rec.network),
             tcp_established: false,
         };
@@ -216,6 +237,7 @@ impl Manager {
                 limits: rec.limits.clone(),
                 generation: rec.generation,
                 privileged: rec.privileged,
+                user_namespace: rec.id_base.is_some(),
             },
             host: self.host.clone(),
             clean: req.clean,

@@ -40,10 +40,13 @@ impl Manager {
             generation: 0,
             origin: None,
             privileged: spec.privileged,
+            id_base: None,
         };
         let pool = (spec.network == Network::Bridge).then(|| self.pool());
-        // Reserves the name and the address atomically.
-        let rec = self.catalog.insert_session(rec, pool)?;
+        // A privileged session keeps host root, as Podman's does.
+        let ids = (!spec.privileged).then_some(crate::ids::POOL);
+        // Reserves the name, the address and the id range atomically.
+        let rec = self.catalog.insert_session(rec, pool, ids)?;
         let built = self.build(&rec, &spec, &image.rootfs).await;
         self.settle(&rec, built).await
     }
@@ -74,6 +77,7 @@ impl Manager {
         for d in ["upper", "work"] {
             std::fs::create_dir(sv.join(d)).map_err(io("create", sv.join(d)))?;
         }
+        crate::ids::own_upper(&sv.join("upper"), rec.id_base)?;
 
         self.faults.check("create.cgroup")?;
         record(
@@ -89,16 +93,22 @@ impl Manager {
         .await
         .expect("no panic")?;
 
+        self.faults.check("create.mount")?;
+        let root = dir.join("root");
+        record(ResourceKind::Mount, &root.display().to_string())?;
+        let (r, l, s, base) = (root.clone(), lower.to_owned(), sv.clone(), rec.id_base);
+        tokio::task::spawn_blocking(move || crate::ids::mount_root(&r, &l, &s, base))
+            .await
+            .expect("no panic")?;
+
         let cfg = InitConfig {
             session_id: id.clone(),
             hostname: rec.hostname.clone(),
             machine_id: random_hex(16),
             ip: rec.ip.clone(),
             cgroup_procs: cg.procs_files(),
-            lower: lower.to_owned(),
-            upper: sv.join("upper"),
-            work: sv.join("work"),
-            root: dir.join("root"),
+            root: root.clone(),
+            user_namespace: rec.id_base.is_some(),
             bin_dir: self.bin_dir.clone(),
             privileged: spec.privileged,
             nameservers: if spec.egress == Egress::Nat {
@@ -113,7 +123,8 @@ impl Manager {
             fault: self.faults.for_init(),
         };
         self.faults.check("create.spawn")?;
-        let (mut init, pid) = InitPipe::spawn(&self.bin_dir.join("drums-init"), &cfg).await?;
+        let (mut init, pid) =
+            InitPipe::spawn(&self.bin_dir.join("drums-init"), &cfg, rec.id_base).await?;
         // The cgroup already holds the process; this row is for reaping it.
         if let Some(key) = process::ledger_key(pid) {
             record(ResourceKind::Process, &key)?;
@@ -127,6 +138,9 @@ impl Manager {
             return Err(init.cause(e).await);
         }
         init.go().await?;
+        // Stage 1 made its mounts private and bound the root: the host's copy
+        // goes, so no session mount stays visible on the host.
+        self.release_host_root(id, &root)?;
 
         self.faults.check("create.ready")?;
         self.wait_ready(id, pid).await?;
@@ -259,13 +273,20 @@ struct InitPipe {
 }
 
 impl InitPipe {
-    async fn spawn(bin: &Path, cfg: &InitConfig) -> Result<(InitPipe, i32), SessionError> {
+    /// Start stage 0 with `cfg`; with an id range (`base`), write the maps of
+    /// its new user namespace when it asks.
+    async fn spawn(
+        bin: &Path,
+        cfg: &InitConfig,
+        base: Option<u32>,
+    ) -> Result<(InitPipe, i32), SessionError> {
         let mut child = Command::new(bin)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(io("spawn", bin))?;
+        let stage0 = child.id().expect("not yet reaped") as i32;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         // Stage 0 exits right after the fork; reap it.
@@ -279,7 +300,13 @@ impl InitPipe {
         let mut line = serde_json::to_string(cfg).expect("config serializes");
         line.push('\n');
         pipe.send(&line).await?;
-        match pipe.next().await? {
+        let mut report = pipe.next().await?;
+        if let (Report::MapIds, Some(base)) = (&report, base) {
+            drums_sys::idmap::write_id_maps(stage0, &crate::ids::session_map(base))?;
+            pipe.send("mapped\n").await?;
+            report = pipe.next().await?;
+        }
+        match report {
             Report::Pid(pid) => Ok((pipe, pid)),
             other => Err(unexpected(other)),
         }

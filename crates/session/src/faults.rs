@@ -11,6 +11,7 @@ pub const CREATE_POINTS: &[&str] = &[
     "create.dir",
     "create.subvolume",
     "create.cgroup",
+    "create.mount",
     "init.cgroup",
     "init.unshare",
     "create.spawn",

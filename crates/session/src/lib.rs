@@ -14,6 +14,7 @@ pub mod audit;
 pub mod checkpoint;
 pub mod create;
 pub mod faults;
+pub mod ids;
 pub mod inspect;
 pub mod limits;
 pub mod manager;
@@ -75,6 +76,8 @@ pub enum SessionError {
     Archive(#[from] drums_checkpoint::archive::ArchiveError),
     #[error("host key")]
     Key(#[from] drums_checkpoint::keys::KeyError),
+    #[error("user namespace")]
+    Ids(#[from] drums_sys::SysError),
     #[error("hygiene: {0}")]
     Hygiene(String),
     #[error("desktop: {0}")]

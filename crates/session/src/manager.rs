@@ -102,7 +102,7 @@ impl Manager {
         std::fs::create_dir_all(state.join("sessions"))
             .map_err(io("create", state.join("sessions")))?;
         let catalog = Catalog::open(&state.join("catalog.db"))?;
-        let bin_dir = state.join("bin");
+        let bin_dir = installed_bin_dir(state);
         install_binaries(&cfg.bin_src, &bin_dir)?;
 
         // The store: record its mount before making it, so a crash between
@@ -227,6 +227,26 @@ impl Manager {
 
     pub(crate) fn gateway(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.cfg.subnet) + 1)
+    }
+
+    /// Unmount the host's copy of session `id`'s root (`root`) once the
+    /// session's own mount namespace holds it, so no session mount stays
+    /// visible on the host, and release its ledger row.
+    pub(crate) fn release_host_root(
+        &self,
+        id: &str,
+        root: &std::path::Path,
+    ) -> Result<(), SessionError> {
+        let _ = nix::mount::umount2(root, nix::mount::MntFlags::MNT_DETACH);
+        if let Some(r) = self
+            .catalog
+            .owned_by(id)?
+            .into_iter()
+            .find(|r| r.kind == drums_catalog::ResourceKind::Mount)
+        {
+            self.catalog.release(r.seq)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn pool(&self) -> IpPool {
@@ -523,10 +543,26 @@ fn quota_store(
     Ok(policy)
 }
 
-/// Copy drums-init and drums-guest next to the state, atomically (rename), and
+/// Where drumsd installs the binaries every session binds: beside the state
+/// directory (`/var/lib/drums-bin` for `/var/lib/drums`), not in it. A
+/// session's root is an unprivileged host range, and CRIU's restore binds
+/// the directory from inside the sibling's user namespace: neither may walk
+/// through the state directory, which is root's alone (0700).
+pub fn installed_bin_dir(state: &Path) -> PathBuf {
+    let name = state
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "drums".into());
+    state.with_file_name(format!("{name}-bin"))
+}
+
+/// Copy drums-init and drums-guest beside the state, atomically (rename), and
 /// only when they changed: running sessions keep the inode they started with.
 fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
     std::fs::create_dir_all(dst).map_err(io("create", dst))?;
+    // Readable by every session range; writable by root only.
+    std::fs::set_permissions(dst, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(io("chmod", dst))?;
     for name in ["drums-init", "drums-guest"] {
         let from = src.join(name);
         let to = dst.join(name);

@@ -12,7 +12,7 @@ use drums_catalog::{ResourceKind, SessionRecord};
 use drums_checkpoint::Manifest;
 use tracing::warn;
 
-use crate::checkpoint::{network_lock, BIN_MOUNT};
+use crate::checkpoint::{external_mounts_restore, network_lock};
 use crate::create::{parse_mac, random_hex, veth_name};
 use crate::manager::{guest_client, Manager};
 use crate::spec::{hostname_for, Egress};
@@ -150,9 +150,18 @@ impl Manager {
             generation: m.session.generation + 1,
             origin: Some(m.id.clone()),
             privileged: m.session.privileged,
+            id_base: None,
         };
+        if m.session.privileged && m.session.user_namespace {
+            return Err(SessionError::Invalid(
+                "checkpoint is both privileged and in a user namespace".into(),
+            ));
+        }
         let pool = (rec.network == "bridge").then(|| self.pool());
-        let rec = self.catalog.insert_session(rec, pool)?;
+        // Each sibling of a checkpoint taken in a user namespace gets a range
+        // of its own (see crate::ids).
+        let ids = m.session.user_namespace.then_some(crate::ids::POOL);
+        let rec = self.catalog.insert_session(rec, pool, ids)?;
         let built = self.build_sibling(&rec, m, limits, lower).await;
         self.settle(&rec, built).await
     }
@@ -203,24 +212,10 @@ impl Manager {
         // on the host for the duration of the restore only.
         self.faults.check("restore.mount")?;
         record(ResourceKind::Mount, &root.display().to_string())?;
-        let data = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            sv.join("upper").display(),
-            sv.join("work").display()
-        );
-        nix::mount::mount(
-            Some("overlay"),
-            &root,
-            Some("overlay"),
-            nix::mount::MsFlags::empty(),
-            Some(data.as_str()),
-        )
-        .map_err(|e| SessionError::Io {
-            op: "mount overlay",
-            path: root.clone(),
-            source: e.into(),
-        })?;
+        let (r, l, s, base) = (root.clone(), lower.to_owned(), sv.clone(), rec.id_base);
+        tokio::task::spawn_blocking(move || crate::ids::mount_root(&r, &l, &s, base))
+            .await
+            .expect("no panic")?;
 
         let host_veth = veth_name(id);
         if rec.network == "bridge" {
@@ -256,11 +251,16 @@ impl Manager {
                 .enable()
                 .map_err(drums_net::NetError::from)?;
         }
+        let images_dir = sibling_images(
+            &self.checkpoint_dir(&m.id).join("images"),
+            &dir,
+            rec.id_base,
+        )?;
         let opts = drums_criu::RestoreOpts {
-            images_dir: self.checkpoint_dir(&m.id).join("images"),
+            images_dir,
             work_dir: dir.clone(),
             root: root.clone(),
-            external_mounts: vec![(BIN_MOUNT.1.to_owned(), self.bin_dir.clone())],
+            external_mounts: external_mounts_restore(&self.bin_dir),
             veth_pairs: vec![],
             join_cgroups: cg.procs_files(),
             network_lock: network_lock(&rec.network),
@@ -310,17 +310,8 @@ impl Manager {
             }
         }
         self.catalog.set_session_state(id, "creating", Some(pid))?;
-        // The restored mount namespace holds its own reference to the root;
-        // the host's copy goes, so no session mount stays visible on the host.
-        let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
-        if let Some(r) = self
-            .catalog
-            .owned_by(id)?
-            .into_iter()
-            .find(|r| r.kind == ResourceKind::Mount)
-        {
-            self.catalog.release(r.seq)?;
-        }
+        // The restored mount namespace holds its own reference to the root.
+        self.release_host_root(id, &root)?;
 
         self.faults.check("restore.hygiene")?;
         self.hygiene(rec, pid, m.clean).await?;
@@ -371,4 +362,49 @@ impl Manager {
         }
         Ok(())
     }
+}
+
+/// The images a sibling restores from. Without a range, the checkpoint's own
+/// (shared, read-only, by every concurrent restore). With one, a directory of
+/// the sibling's (under its state dir `dir`) that hard-links every image but the
+/// user namespace's, which is rewritten with the sibling's range: CRIU would
+/// otherwise give every sibling the range of the session it was dumped from.
+fn sibling_images(
+    images: &std::path::Path,
+    dir: &std::path::Path,
+    base: Option<u32>,
+) -> Result<std::path::PathBuf, SessionError> {
+    use drums_criu::userns_image;
+    let Some(base) = base else {
+        return Ok(images.to_owned());
+    };
+    let Some(userns) = userns_image::find(images)? else {
+        return Err(SessionError::Invalid(format!(
+            "checkpoint images in {} have no user namespace, though its manifest says the session had one",
+            images.display()
+        )));
+    };
+    let view = dir.join("images");
+    std::fs::create_dir(&view).map_err(io("create", &view))?;
+    let list = std::fs::read_dir(images).map_err(io("list", images))?;
+    for e in list {
+        let name = e.map_err(io("list", images))?.file_name();
+        if name.to_string_lossy() == userns {
+            continue;
+        }
+        // A hard link, not a symlink: CRIU opens images from the restored
+        // tasks too, as the sibling's range, which may not walk a symlink's
+        // path through drumsd's state directory (0700). Both are in it.
+        let link = view.join(&name);
+        std::fs::hard_link(images.join(&name), &link).map_err(io("link", &link))?;
+    }
+    let maps = userns_image::read(&images.join(&userns))?;
+    let from = maps.uid.first().map(|e| e.lower_first).unwrap_or(0);
+    let moved = userns_image::rebase(&maps, from, base, crate::ids::RANGE).ok_or_else(|| {
+        SessionError::Invalid(format!(
+            "checkpoint's user namespace maps {maps:?} are not one drums range"
+        ))
+    })?;
+    userns_image::write(&view.join(&userns), &moved)?;
+    Ok(view)
 }

@@ -5,6 +5,8 @@
 //! tested without root through [`RecordingSyscall`], while [`LinuxSyscall`] does
 //! the real thing.
 
+pub mod idmap;
+
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 

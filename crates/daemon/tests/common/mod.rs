@@ -461,6 +461,9 @@ impl Drop for TestDaemon {
                 let _ = c.wait();
             }
         }
+        // The binaries drumsd installed beside the state directory.
+        let _ =
+            std::fs::remove_dir_all(drums_session::manager::installed_bin_dir(self.state.path()));
     }
 }
 

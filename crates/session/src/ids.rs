@@ -1,0 +1,117 @@
+//! A session's user namespace: its uid and gid 0 are an unprivileged host
+//! range, and host uid 0 is not mapped at all (docs/security.md, "User
+//! namespace").
+//!
+//! Files keep owners that make sense inside without copying or chowning
+//! anything, through two idmapped layers under the session's overlay:
+//! - the image (read-only), whose owners 0..65535 on disk appear as the
+//!   session's range;
+//! - the session's subvolume (upper and work), whose owners on disk are
+//!   [`DISK_BASE`] + k for the session's id k, whatever its range. A snapshot
+//!   is therefore range-free, and each restored sibling gets a range of its
+//!   own. The subvolume's map also sends 0 to 0: overlayfs creates its work
+//!   directory with the credentials of its mounter, host root, which an
+//!   idmapped mount must be able to represent (EOVERFLOW otherwise).
+
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use drums_catalog::IdPool;
+use drums_sys::idmap::{self, Extent};
+
+use crate::SessionError;
+
+/// Ids per session: all 16-bit ids, as in a container's /etc/subuid range.
+pub const RANGE: u32 = 65536;
+/// Where the session ids of stored files live on disk: above every id a
+/// Debian host hands out (and above /etc/subuid's usual 100000 + n * 65536
+/// ranges), and never any session's range.
+pub const DISK_BASE: u32 = 1 << 30;
+/// Session ranges start right after the disk range; 8192 slots end below
+/// 2^31, so no id is ever read as negative.
+pub const POOL: IdPool = IdPool {
+    first: DISK_BASE + RANGE,
+    size: RANGE,
+    slots: 8192,
+};
+
+/// The session's own map (and its image layer's): uid k inside is `base + k`.
+pub fn session_map(base: u32) -> [Extent; 1] {
+    [Extent {
+        inside: 0,
+        outside: base,
+        count: RANGE,
+    }]
+}
+
+/// The subvolume layer's map: on-disk `DISK_BASE + k` is the session's `k`,
+/// and on-disk 0 is host root (overlayfs's own work files).
+pub fn store_map(base: u32) -> [Extent; 2] {
+    [
+        Extent {
+            inside: 0,
+            outside: 0,
+            count: 1,
+        },
+        Extent {
+            inside: DISK_BASE,
+            outside: base,
+            count: RANGE,
+        },
+    ]
+}
+
+/// Mount the session's root at `root` on the host: an overlay of `lower`
+/// (the image) and `sv/upper` with `sv/work`. With a range (`base`), both
+/// layers are idmapped; without one (a privileged session), it is a plain
+/// overlay. The layers are detached mounts that only the overlay holds, so
+/// unmounting `root` leaves nothing.
+pub fn mount_root(
+    root: &Path,
+    lower: &Path,
+    sv: &Path,
+    base: Option<u32>,
+) -> Result<(), SessionError> {
+    let mount = |data: String| {
+        nix::mount::mount(
+            Some("overlay"),
+            root,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(data.as_str()),
+        )
+        .map_err(|e| SessionError::Io {
+            op: "mount overlay",
+            path: root.to_owned(),
+            source: e.into(),
+        })
+    };
+    let Some(base) = base else {
+        return mount(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            sv.join("upper").display(),
+            sv.join("work").display()
+        ));
+    };
+    let session_ns = idmap::user_namespace(&session_map(base))?;
+    let store_ns = idmap::user_namespace(&store_map(base))?;
+    let image = idmap::idmapped_tree(lower, session_ns.as_fd(), true)?;
+    let store = idmap::idmapped_tree(sv, store_ns.as_fd(), false)?;
+    let store_path = idmap::fd_path(store.as_fd());
+    mount(format!(
+        "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work",
+        idmap::fd_path(image.as_fd()),
+    ))
+}
+
+/// A new subvolume's upper directory belongs to the session's root: on disk,
+/// [`DISK_BASE`] (or 0, without a user namespace).
+pub fn own_upper(upper: &Path, base: Option<u32>) -> Result<(), SessionError> {
+    let id = base.map(|_| DISK_BASE).unwrap_or(0);
+    std::os::unix::fs::chown(upper, Some(id), Some(id)).map_err(|source| SessionError::Io {
+        op: "chown",
+        path: upper.to_owned(),
+        source,
+    })
+}

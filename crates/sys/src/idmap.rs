@@ -1,0 +1,151 @@
+//! User namespaces as id maps, and idmapped mounts (Linux 5.12+).
+//!
+//! drumsd mounts a session's root on the host as an overlay of idmapped
+//! layers (the policy is `drums_session::ids`). An idmapped mount takes its
+//! mapping from a user namespace, so [`user_namespace`] makes one that holds
+//! nothing but a map.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::{err, Result, SysError};
+
+/// One line of a uid_map/gid_map: ids `inside..inside+count` of the namespace
+/// are `outside..outside+count` of its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+fn map_text(map: &[Extent]) -> String {
+    map.iter()
+        .map(|e| format!("{} {} {}\n", e.inside, e.outside, e.count))
+        .collect()
+}
+
+/// Write `map` as the uid and gid map of the user namespace of process `pid`
+/// (which must not have one yet). Host root may write several lines, and
+/// needs no `newuidmap`.
+pub fn write_id_maps(pid: i32, map: &[Extent]) -> Result<()> {
+    let text = map_text(map);
+    for file in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, &text).map_err(|e| SysError {
+            op: "write id map",
+            target: path.clone(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+    }
+    Ok(())
+}
+
+/// A new user namespace with `map` as both its uid and gid map, held by the
+/// returned descriptor alone: a child process is forked into it, mapped, and
+/// reaped, so no process lives in it.
+pub fn user_namespace(map: &[Extent]) -> Result<OwnedFd> {
+    // O_CLOEXEC: a session's init, spawned meanwhile, must not keep them.
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC);
+    let (ready_r, ready_w) = pipe().map_err(err("pipe", "user namespace"))?;
+    let (done_r, done_w) = pipe().map_err(err("pipe", "user namespace"))?;
+    // SAFETY: the child only makes raw system calls (unshare, write, read,
+    // _exit): async-signal-safe, so forking a multithreaded drumsd is sound.
+    match unsafe { nix::unistd::fork() }.map_err(err("fork", "user namespace"))? {
+        // Both sides signal with a byte, never with EOF: a concurrent fork
+        // (another session's namespace) may hold copies of these pipes'
+        // write ends, so an EOF could wait for that other child.
+        nix::unistd::ForkResult::Child => unsafe {
+            let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
+            let b = [ok as u8];
+            libc::write(ready_w.as_raw_fd(), b.as_ptr().cast(), 1);
+            let mut x = [0u8; 1];
+            libc::read(done_r.as_raw_fd(), x.as_mut_ptr().cast(), 1);
+            libc::_exit(0)
+        },
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(ready_w);
+            drop(done_r);
+            let result = (|| {
+                let mut b = [0u8; 1];
+                let n = nix::unistd::read(ready_r.as_raw_fd(), &mut b)
+                    .map_err(err("read", "user namespace"))?;
+                if n != 1 || b[0] != 1 {
+                    return Err(SysError {
+                        op: "unshare",
+                        target: "CLONE_NEWUSER".into(),
+                        source: nix::Error::EPERM,
+                    });
+                }
+                write_id_maps(child.as_raw(), map)?;
+                let path = format!("/proc/{}/ns/user", child.as_raw());
+                let fd = nix::fcntl::open(
+                    path.as_str(),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(err("open", path))?;
+                // SAFETY: just opened, owned here.
+                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            })();
+            // The byte lets the child exit; it is always reaped.
+            let _ = nix::unistd::write(&done_w, &[1]);
+            drop(done_w);
+            let _ = nix::sys::wait::waitpid(child, None);
+            result
+        }
+    }
+}
+
+/// A detached copy of the mount at `src`, idmapped through `userns` (and
+/// read-only if asked), usable as an overlay layer through
+/// `/proc/self/fd/N` while the descriptor is open. It is in no mount table:
+/// nothing is left behind when the descriptor closes.
+pub fn idmapped_tree(src: &Path, userns: BorrowedFd<'_>, read_only: bool) -> Result<OwnedFd> {
+    let target = src.display().to_string();
+    let c = std::ffi::CString::new(src.as_os_str().as_encoded_bytes())
+        .map_err(|_| err("open_tree", target.clone())(nix::Error::EINVAL))?;
+    // SAFETY: open_tree with a valid C string; the result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(err("open_tree", target)(nix::Error::last()));
+    }
+    // SAFETY: open_tree just returned this descriptor.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut attr: libc::mount_attr = unsafe { std::mem::zeroed() };
+    attr.attr_set = libc::MOUNT_ATTR_IDMAP
+        | if read_only {
+            libc::MOUNT_ATTR_RDONLY
+        } else {
+            0
+        };
+    attr.userns_fd = userns.as_raw_fd() as u64;
+    // SAFETY: mount_setattr on our detached tree with a correctly sized attr.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(err("mount_setattr idmap", target)(nix::Error::last()));
+    }
+    Ok(tree)
+}
+
+/// The path through which the kernel resolves an open descriptor of this
+/// process (a detached mount, say) as a directory.
+pub fn fd_path(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
