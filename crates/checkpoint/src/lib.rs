@@ -442,7 +442,7 @@ mod tests {
         std::fs::write(d.path().join("manifest.json"), v.to_string()).unwrap();
         assert_eq!(
             Manifest::read(d.path()).unwrap_err().to_string(),
-            "checkpoint manifest format 99 is newer than this drums supports (2)"
+            "checkpoint manifest format 99 is newer than this drums supports (3)"
         );
         // A format 1 manifest (no egress) still reads, as egress none.
         let mut v1 = serde_json::to_value(&m).unwrap();
