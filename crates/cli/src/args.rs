@@ -169,8 +169,16 @@ pub enum CheckpointSub {
         #[arg(required = true)]
         checkpoints: Vec<String>,
     },
-    /// Write a checkpoint to one archive file.
-    Export { checkpoint: String, file: PathBuf },
+    /// Write a checkpoint to one archive file. An existing regular file is
+    /// replaced (as `cp` and `tar -f` do); anything else needs --force.
+    Export {
+        checkpoint: String,
+        file: PathBuf,
+        /// Replace FILE even when it is not a regular file (a device node, a
+        /// fifo, a socket or a symlink). A directory is never replaced.
+        #[arg(long)]
+        force: bool,
+    },
     /// Import an archive written by `checkpoint export`. It must be signed
     /// by this host or a key in STATE/trusted-keys.
     Import {

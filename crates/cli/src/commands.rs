@@ -342,8 +342,13 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
         }
         return Ok(code);
     }
-    if let Some(crate::args::CheckpointSub::Export { checkpoint, file }) = &cmd.sub {
-        return export(c, checkpoint, file).await;
+    if let Some(crate::args::CheckpointSub::Export {
+        checkpoint,
+        file,
+        force,
+    }) = &cmd.sub
+    {
+        return export(c, checkpoint, file, *force).await;
     }
     if let Some(crate::args::CheckpointSub::Import {
         file,
@@ -394,11 +399,43 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
     Ok(exit::OK)
 }
 
+/// Whether `export` may replace what is at `file`: nothing, or a regular
+/// file, as `cp` and `tar -f` would; a device node, fifo, socket or symlink
+/// only with `force` (the rename would replace the node itself, so
+/// `export CK /dev/null` would delete /dev/null); a directory never.
+fn export_target_ok(file: &Path, force: bool) -> Result<(), Failure> {
+    let meta = match std::fs::symlink_metadata(file) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(cp_local_err("inspect", &file.display().to_string(), e)),
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    if t.is_dir() {
+        return Err(Failure::usage(format!(
+            "export target {} is a directory: name the archive file",
+            file.display()
+        )));
+    }
+    if force {
+        return Ok(());
+    }
+    Err(Failure::usage(format!(
+        "export target {} exists and is not a regular file: it would be replaced, not written into (use --force to replace it)",
+        file.display()
+    )))
+}
+
 /// Stream the archive to a fresh temporary file next to the target, renamed
 /// into place only when the daemon ended the body cleanly: a failed or
 /// interrupted export exits non-zero and leaves neither archive nor temporary
 /// file behind (the temporary file is removed when dropped).
-async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failure> {
+async fn export(c: &Client, checkpoint: &str, file: &Path, force: bool) -> Result<i32, Failure> {
+    // Checked before the transfer, so a refused target costs nothing, and
+    // again before the rename, in case something appeared there meanwhile.
+    export_target_ok(file, force)?;
     let resp = c
         .call(
             Method::GET,
@@ -431,6 +468,7 @@ async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failur
     out.as_file()
         .sync_all()
         .map_err(|e| cp_local_err("fsync", &out.path().display().to_string(), e))?;
+    export_target_ok(file, force)?;
     out.persist(file)
         .map_err(|e| cp_local_err("rename into", &file.display().to_string(), e.error))?;
     Ok(exit::OK)
