@@ -129,9 +129,10 @@ impl SessionError {
                 drums_inspect::InspectError::NoProcess { .. } => ErrorKind::NotFound,
                 _ => ErrorKind::Internal,
             },
-            SessionError::Catalog(drums_catalog::CatalogError::CheckpointNameTaken(_)) => {
-                ErrorKind::Conflict
-            }
+            SessionError::Catalog(
+                drums_catalog::CatalogError::CheckpointNameTaken(_)
+                | drums_catalog::CatalogError::NameIsAnId { .. },
+            ) => ErrorKind::Conflict,
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
                 ..
             }) => ErrorKind::Conflict,
