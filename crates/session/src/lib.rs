@@ -109,7 +109,9 @@ pub enum SessionError {
 impl SessionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SessionError::Invalid(_) | SessionError::Limits(_) => ErrorKind::BadRequest,
+            SessionError::Invalid(_)
+            | SessionError::Limits(_)
+            | SessionError::Image(drums_image::ImageError::InvalidName(_)) => ErrorKind::BadRequest,
             // The checkpoint exists but cannot be restored as it is, like one
             // from an incompatible host.
             SessionError::ManifestLimits { .. } => ErrorKind::Conflict,
