@@ -162,7 +162,7 @@ pub fn split_remote(s: &str) -> Option<(&str, &str)> {
 pub async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32, Failure> {
     match (split_remote(src), split_remote(dst)) {
         (None, Some((sess, path))) => {
-            let data = std::fs::read(src).map_err(|e| cp_local_err("read", src, e))?;
+            let data = read_local_file(src)?;
             let mode = std::fs::metadata(src)
                 .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
                 .unwrap_or(0o644);
@@ -204,6 +204,18 @@ pub async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32, Failure> {
         )),
         (None, None) => Err(Failure::usage("cp needs one side as SESSION:PATH")),
     }
+}
+
+/// A host file's bytes; a directory is bad input (2), as a session's
+/// directory is when copied the other way, not an internal error.
+fn read_local_file(path: &str) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::IsADirectory {
+            Failure::usage(format!("not a regular file: {path} is a directory"))
+        } else {
+            cp_local_err("read", path, e)
+        }
+    })
 }
 
 fn cp_local_err(op: &str, path: &str, e: std::io::Error) -> Failure {
@@ -356,8 +368,7 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
         trust_unsigned,
     }) = &cmd.sub
     {
-        let data = std::fs::read(file)
-            .map_err(|e| cp_local_err("read", &file.display().to_string(), e))?;
+        let data = read_local_file(&file.display().to_string())?;
         let req = Request::builder()
             .method(Method::POST)
             .uri(if *trust_unsigned {
