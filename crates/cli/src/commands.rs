@@ -112,8 +112,10 @@ pub async fn run_exec(
     let mut buf: Vec<u8> = Vec::new();
     let b64 = base64::engine::general_purpose::STANDARD;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Failure::new(exit::INTERNAL, format!("exec stream broke: {e}")))?;
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return Err(exec_broke(c, session, e).await),
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -147,6 +149,29 @@ pub async fn run_exec(
         exit::INTERNAL,
         "exec stream ended without an exit status",
     ))
+}
+
+/// Why an exec's output stream broke: most often the session was removed
+/// (its guest agent died with it), which the caller should hear in those
+/// words rather than as a transport error.
+async fn exec_broke(c: &Client, session: &str, e: hyper::Error) -> Failure {
+    let gone = matches!(
+        c.call(
+            Method::GET,
+            &format!("/v1/sessions/{}", enc(session)),
+            None::<&()>
+        )
+        .await,
+        Err(drums_api::ClientError::Api { status: 404, .. })
+    );
+    if gone {
+        Failure::new(
+            exit::INTERNAL,
+            format!("session {session} was removed while the command ran"),
+        )
+    } else {
+        Failure::new(exit::INTERNAL, format!("exec stream broke: {e}"))
+    }
 }
 
 /// `SESSION:PATH` → Some((session, path)); a local path → None.
