@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+pub mod json;
 pub mod ksm;
 pub mod lock;
 pub mod server;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,6 +14,7 @@ use drums_api::{CreateSession, Fault, Image, ImageList, SessionList, Version};
 use drums_session::Manager;
 
 use crate::error::ApiError;
+use crate::json::{JsonBody, OptionalJsonBody};
 
 type AppState = Arc<Manager>;
 type Result<T> = std::result::Result<T, ApiError>;
@@ -95,6 +96,14 @@ pub fn router(m: AppState) -> Router {
                 format!("no route {}", uri.path()),
             )
         })
+        // axum's own answer is an empty body; every error here is an ErrorBody.
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} does not take {method}", uri.path()),
+            )
+        })
         .with_state(m)
 }
 
@@ -136,16 +145,10 @@ async fn list(State(m): State<AppState>) -> Result<Json<SessionList>> {
     }))
 }
 
-/// The body is parsed here rather than by axum's `Json` extractor so that a bad
-/// body gets the same error shape as every other error.
-async fn create(State(m): State<AppState>, body: Bytes) -> Result<impl IntoResponse> {
-    let req: CreateSession = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid create request: {e}"),
-        )
-    })?;
+async fn create(
+    State(m): State<AppState>,
+    JsonBody(req): JsonBody<CreateSession>,
+) -> Result<impl IntoResponse> {
     let s = m.create(&req).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
@@ -162,25 +165,16 @@ async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<Sta
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Parse a JSON body into `T`, with this API's error shape on failure.
-fn body<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T> {
-    serde_json::from_slice(b).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid {what} request: {e}"),
-        )
-    })
-}
-
 async fn checkpoints(State(m): State<AppState>) -> Result<Json<drums_api::CheckpointList>> {
     Ok(Json(drums_api::CheckpointList {
         checkpoints: m.checkpoints()?,
     }))
 }
 
-async fn checkpoint(State(m): State<AppState>, b: Bytes) -> Result<impl IntoResponse> {
-    let req: drums_api::CreateCheckpoint = body("checkpoint", &b)?;
+async fn checkpoint(
+    State(m): State<AppState>,
+    JsonBody(req): JsonBody<drums_api::CreateCheckpoint>,
+) -> Result<impl IntoResponse> {
     Ok((StatusCode::CREATED, Json(m.checkpoint(&req).await?)))
 }
 
@@ -202,9 +196,9 @@ async fn remove_checkpoint(
 async fn restore(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
 ) -> Result<impl IntoResponse> {
-    let req = restore_request("restore", &b)?;
+    let req = req.unwrap_or_else(one_sibling);
     let name = req.name.as_deref();
     Ok((
         StatusCode::CREATED,
@@ -212,24 +206,21 @@ async fn restore(
     ))
 }
 
-/// The body of a restore or fork; an empty body means one unnamed sibling.
-fn restore_request(what: &str, b: &[u8]) -> Result<drums_api::RestoreRequest> {
-    if b.is_empty() {
-        return Ok(drums_api::RestoreRequest {
-            count: 1,
-            name: None,
-        });
+/// What an empty restore or fork body means: one unnamed sibling.
+fn one_sibling() -> drums_api::RestoreRequest {
+    drums_api::RestoreRequest {
+        count: 1,
+        name: None,
     }
-    body::<drums_api::RestoreRequest>(what, b)
 }
 
 /// Checkpoint (leaving the session running), then restore `count` siblings.
 async fn fork(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
 ) -> Result<impl IntoResponse> {
-    let req = restore_request("fork", &b)?;
+    let req = req.unwrap_or_else(one_sibling);
     // Refused before the checkpoint, which would otherwise be left behind.
     drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
     let ck = m
@@ -264,9 +255,8 @@ async fn turn_end(
 async fn mark_agent(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    JsonBody(req): JsonBody<drums_api::MarkAgent>,
 ) -> Result<Json<drums_api::AgentMarked>> {
-    let req: drums_api::MarkAgent = body("agent", &b)?;
     Ok(Json(m.mark_agent(&id, req.pid)?))
 }
 
@@ -443,7 +433,7 @@ async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Respo
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-async fn fault(State(m): State<AppState>, body: Bytes) -> Result<StatusCode> {
+async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Result<StatusCode> {
     if !m.config().fault_injection {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -451,13 +441,6 @@ async fn fault(State(m): State<AppState>, body: Bytes) -> Result<StatusCode> {
             "fault injection is off (start drumsd with --enable-fault-injection)",
         ));
     }
-    let f: Fault = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid fault: {e}"),
-        )
-    })?;
     m.faults.arm(f.point)?;
     Ok(StatusCode::NO_CONTENT)
 }
