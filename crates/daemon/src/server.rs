@@ -12,6 +12,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use drums_api::{CreateSession, Fault, Image, ImageList, SessionList, Version};
 use drums_session::Manager;
+use tracing::info;
 
 use crate::error::ApiError;
 use crate::json::{JsonBody, OptionalJsonBody};
@@ -105,6 +106,7 @@ pub fn router(m: AppState) -> Router {
             )
         })
         .with_state(m)
+        .layer(axum::middleware::from_fn(crate::request_id::layer))
 }
 
 async fn version(State(m): State<AppState>) -> Json<Version> {
@@ -150,6 +152,7 @@ async fn create(
     JsonBody(req): JsonBody<CreateSession>,
 ) -> Result<impl IntoResponse> {
     let s = m.create(&req).await?;
+    info!(session = %s.id, name = %s.name, "session created");
     Ok((StatusCode::CREATED, Json(s)))
 }
 
@@ -162,6 +165,7 @@ async fn show(
 
 async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
     m.remove(&id).await?;
+    info!(session = %id, "session removed");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -175,7 +179,9 @@ async fn checkpoint(
     State(m): State<AppState>,
     JsonBody(req): JsonBody<drums_api::CreateCheckpoint>,
 ) -> Result<impl IntoResponse> {
-    Ok((StatusCode::CREATED, Json(m.checkpoint(&req).await?)))
+    let ck = m.checkpoint(&req).await?;
+    info!(checkpoint = %ck.id, name = %ck.name, session = %req.session, "checkpoint created");
+    Ok((StatusCode::CREATED, Json(ck)))
 }
 
 async fn show_checkpoint(
@@ -190,6 +196,7 @@ async fn remove_checkpoint(
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     m.remove_checkpoint(&id).await?;
+    info!(checkpoint = %id, "checkpoint removed");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -199,11 +206,14 @@ async fn restore(
     OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
 ) -> Result<impl IntoResponse> {
     let req = req.unwrap_or_else(one_sibling);
-    let name = req.name.as_deref();
-    Ok((
-        StatusCode::CREATED,
-        Json(m.restore(&id, req.count, name).await?),
-    ))
+    let r = m.restore(&id, req.count, req.name.as_deref()).await?;
+    log_restored(&id, &r);
+    Ok((StatusCode::CREATED, Json(r)))
+}
+
+fn log_restored(checkpoint: &str, r: &drums_api::RestoreResult) {
+    let ids: Vec<&str> = r.sessions.iter().map(|s| s.id.as_str()).collect();
+    info!(checkpoint, sessions = %ids.join(","), "checkpoint restored");
 }
 
 /// What an empty restore or fork body means: one unnamed sibling.
@@ -225,17 +235,16 @@ async fn fork(
     drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
-            session: id,
+            session: id.clone(),
             name: None,
             clean: false,
             leave_running: true,
         })
         .await?;
-    let name = req.name.as_deref();
-    Ok((
-        StatusCode::CREATED,
-        Json(m.restore(&ck.id, req.count, name).await?),
-    ))
+    info!(checkpoint = %ck.id, session = %id, "checkpoint created for a fork");
+    let r = m.restore(&ck.id, req.count, req.name.as_deref()).await?;
+    log_restored(&ck.id, &r);
+    Ok((StatusCode::CREATED, Json(r)))
 }
 
 async fn turn_begin(
@@ -361,6 +370,7 @@ async fn import(
         )
     })?;
     let ck = m.import(body.into_data_stream(), q.trust_unsigned).await?;
+    info!(checkpoint = %ck.id, name = %ck.name, "checkpoint imported");
     Ok((StatusCode::CREATED, Json(ck)))
 }
 
