@@ -114,7 +114,7 @@ pub async fn run_exec(
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(f) => f,
-            Err(e) => return Err(exec_broke(c, session, e).await),
+            Err(e) => return Err(exec_broke(c, session, format!("exec stream broke: {e}")).await),
         };
         let Ok(data) = frame.into_data() else {
             continue;
@@ -145,32 +145,37 @@ pub async fn run_exec(
             }
         }
     }
-    Err(Failure::new(
-        exit::INTERNAL,
-        "exec stream ended without an exit status",
-    ))
+    Err(exec_broke(
+        c,
+        session,
+        "exec stream ended without an exit status".into(),
+    )
+    .await)
 }
 
-/// Why an exec's output stream broke: most often the session was removed
-/// (its guest agent died with it), which the caller should hear in those
-/// words rather than as a transport error.
-async fn exec_broke(c: &Client, session: &str, e: hyper::Error) -> Failure {
-    let gone = matches!(
-        c.call(
+/// Why an exec's output stream broke or ended early: most often the session
+/// was removed (its guest agent died with it), which the caller should hear
+/// in those words rather than as a transport error.
+async fn exec_broke(c: &Client, session: &str, otherwise: String) -> Failure {
+    // Asked right after the break, the removal may still be under way.
+    let removed = match c
+        .json::<Session>(
             Method::GET,
             &format!("/v1/sessions/{}", enc(session)),
-            None::<&()>
+            None::<&()>,
         )
-        .await,
-        Err(drums_api::ClientError::Api { status: 404, .. })
-    );
-    if gone {
+        .await
+    {
+        Ok(s) => s.state == "removing",
+        Err(e) => matches!(e, drums_api::ClientError::Api { status: 404, .. }),
+    };
+    if removed {
         Failure::new(
             exit::INTERNAL,
             format!("session {session} was removed while the command ran"),
         )
     } else {
-        Failure::new(exit::INTERNAL, format!("exec stream broke: {e}"))
+        Failure::new(exit::INTERNAL, otherwise)
     }
 }
 
