@@ -68,6 +68,19 @@ fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> CatalogError {
     move |source| CatalogError::Sql { op, source }
 }
 
+/// Whether `query` finds at least one row.
+fn any_row(
+    c: &Connection,
+    query: &str,
+    p: impl rusqlite::Params,
+    op: &'static str,
+) -> Result<bool> {
+    c.query_row(query, p, |_| Ok(()))
+        .optional()
+        .map(|row| row.is_some())
+        .map_err(sql(op))
+}
+
 /// What kind of host resource a ledger row names. The string forms are stored,
 /// so they are part of the on-disk format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,27 +306,21 @@ impl Catalog {
         let tx = c
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql("begin insert session"))?;
-        let taken: bool = tx
-            .query_row(
-                "SELECT 1 FROM sessions WHERE name = ?1",
-                params![rec.name],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(sql("check session name"))?
-            .is_some();
+        let taken = any_row(
+            &tx,
+            "SELECT 1 FROM sessions WHERE name = ?1",
+            params![rec.name],
+            "check session name",
+        )?;
         if taken {
             return Err(CatalogError::NameTaken(rec.name));
         }
-        let shadows: bool = tx
-            .query_row(
-                "SELECT 1 FROM sessions WHERE id = ?1 OR name = ?2",
-                params![rec.name, rec.id],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(sql("check session name"))?
-            .is_some();
+        let shadows = any_row(
+            &tx,
+            "SELECT 1 FROM sessions WHERE id = ?1 OR name = ?2",
+            params![rec.name, rec.id],
+            "check session name",
+        )?;
         if shadows {
             return Err(CatalogError::NameIsAnId {
                 what: "session",
@@ -376,15 +383,12 @@ impl Catalog {
         let c = self.conn();
         // Under the connection's lock, so no other insert comes between the
         // check and the row; a name's own uniqueness is the table's constraint.
-        let shadows: bool = c
-            .query_row(
-                "SELECT 1 FROM checkpoints WHERE (id = ?1 AND name != ?1) OR (name = ?2 AND id != ?2)",
-                params![rec.name, rec.id],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(sql("check checkpoint name"))?
-            .is_some();
+        let shadows = any_row(
+            &c,
+            "SELECT 1 FROM checkpoints WHERE (id = ?1 AND name != ?1) OR (name = ?2 AND id != ?2)",
+            params![rec.name, rec.id],
+            "check checkpoint name",
+        )?;
         if shadows {
             return Err(CatalogError::NameIsAnId {
                 what: "checkpoint",
