@@ -106,7 +106,27 @@ pub fn router(m: AppState) -> Router {
             )
         })
         .with_state(m)
+        .layer(axum::middleware::from_fn(uri_limit))
         .layer(axum::middleware::from_fn(crate::request_id::layer))
+}
+
+/// The longest request target (path and query) served; no route needs more
+/// than a few hundred bytes. hyper answers a target over 65534 bytes itself,
+/// with an empty 414, before any of this runs (that limit is fixed in
+/// hyper); up to there, this gives the ErrorBody every other error has.
+pub const MAX_URI: usize = 8 << 10;
+
+async fn uri_limit(req: Request, next: axum::middleware::Next) -> Response {
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > MAX_URI {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is {len} bytes, more than the {MAX_URI} served"),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn version(State(m): State<AppState>) -> Json<Version> {
