@@ -6,10 +6,12 @@
 //! listens on a unix socket too.
 
 pub mod client;
+pub mod cpus;
 pub mod size;
 pub mod types;
 
 pub use client::{Client, ClientError};
+pub use cpus::{check_cpus, parse_cpus, CpusError, MIN_CPUS};
 pub use size::{parse_size, SizeError};
 pub use types::*;
 

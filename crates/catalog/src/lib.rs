@@ -45,6 +45,10 @@ pub enum CatalogError {
     NameTaken(String),
     #[error("a checkpoint named {0:?} already exists")]
     CheckpointNameTaken(String),
+    /// Lookups try the id first, so a name equal to another row's id could
+    /// never be reached by name.
+    #[error("{name:?} is the id of another {what}: a {what} may not be named after it")]
+    NameIsAnId { what: &'static str, name: String },
     #[error("checkpoint {0} is not pending: it cannot be published")]
     NotPending(String),
     #[error("no free address left in {0}")]
@@ -62,6 +66,19 @@ pub type Result<T> = std::result::Result<T, CatalogError>;
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> CatalogError {
     move |source| CatalogError::Sql { op, source }
+}
+
+/// Whether `query` finds at least one row.
+fn any_row(
+    c: &Connection,
+    query: &str,
+    p: impl rusqlite::Params,
+    op: &'static str,
+) -> Result<bool> {
+    c.query_row(query, p, |_| Ok(()))
+        .optional()
+        .map(|row| row.is_some())
+        .map_err(sql(op))
 }
 
 /// What kind of host resource a ledger row names. The string forms are stored,
@@ -303,17 +320,26 @@ impl Catalog {
         let tx = c
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql("begin insert session"))?;
-        let taken: bool = tx
-            .query_row(
-                "SELECT 1 FROM sessions WHERE name = ?1",
-                params![rec.name],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(sql("check session name"))?
-            .is_some();
+        let taken = any_row(
+            &tx,
+            "SELECT 1 FROM sessions WHERE name = ?1",
+            params![rec.name],
+            "check session name",
+        )?;
         if taken {
             return Err(CatalogError::NameTaken(rec.name));
+        }
+        let shadows = any_row(
+            &tx,
+            "SELECT 1 FROM sessions WHERE id = ?1 OR name = ?2",
+            params![rec.name, rec.id],
+            "check session name",
+        )?;
+        if shadows {
+            return Err(CatalogError::NameIsAnId {
+                what: "session",
+                name: rec.name,
+            });
         }
         if let Some(pool) = pool {
             let used: std::collections::HashSet<u32> = {
@@ -393,6 +419,20 @@ impl Catalog {
     /// visible to users; see [`Catalog::publish_checkpoint`].
     pub fn insert_checkpoint(&self, rec: &CheckpointRecord) -> Result<()> {
         let c = self.conn();
+        // Under the connection's lock, so no other insert comes between the
+        // check and the row; a name's own uniqueness is the table's constraint.
+        let shadows = any_row(
+            &c,
+            "SELECT 1 FROM checkpoints WHERE (id = ?1 AND name != ?1) OR (name = ?2 AND id != ?2)",
+            params![rec.name, rec.id],
+            "check checkpoint name",
+        )?;
+        if shadows {
+            return Err(CatalogError::NameIsAnId {
+                what: "checkpoint",
+                name: rec.name.clone(),
+            });
+        }
         let r = c.execute(
             "INSERT INTO checkpoints (id, name, session_id, state, created_at_ms, manifest)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -777,6 +817,15 @@ mod tests {
         assert!(
             matches!(c.insert_session(rec("c", "one"), Some(POOL), None), Err(CatalogError::NameTaken(n)) if n == "one")
         );
+        // Lookups try the id first: a name equal to another session's id (or
+        // an id equal to another's name) would leave one of them unreachable.
+        assert!(
+            matches!(c.insert_session(rec("c", "b"), Some(POOL)), Err(CatalogError::NameIsAnId { name, .. }) if name == "b")
+        );
+        assert!(matches!(
+            c.insert_session(rec("two", "four"), Some(POOL)),
+            Err(CatalogError::NameIsAnId { .. })
+        ));
         c.delete_session("a").unwrap();
         let d = c
             .insert_session(rec("d", "three"), Some(POOL), None)
@@ -833,6 +882,14 @@ mod tests {
         r.id = "c2".into();
         assert!(
             matches!(c.insert_checkpoint(&r), Err(CatalogError::CheckpointNameTaken(n)) if n == "warm")
+        );
+        let shadow = CheckpointRecord {
+            id: "c3".into(),
+            name: "c1".into(),
+            ..r.clone()
+        };
+        assert!(
+            matches!(c.insert_checkpoint(&shadow), Err(CatalogError::NameIsAnId { what: "checkpoint", name }) if name == "c1")
         );
         c.publish_checkpoint("c1", &serde_json::json!({"format_version": 1}), "ckpt:c1")
             .unwrap();

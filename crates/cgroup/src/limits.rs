@@ -5,9 +5,7 @@
 pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
 /// PID_MAX_LIMIT on 64-bit kernels: pids.max rejects anything larger.
 pub const MAX_PIDS: u64 = 4 << 20;
-/// The smallest CPU share: cpu.cfs_quota_us (and cpu.max) refuse quotas under
-/// 1 ms, which is 0.01 of the 100 ms period used here.
-pub const MIN_CPUS: f64 = 0.01;
+pub use drums_api::MIN_CPUS;
 
 /// Resource limits of one session; `None` leaves a resource unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -27,12 +25,9 @@ pub enum LimitsError {
     PidsTooSmall { pids: u64 },
     #[error("pids limit {pids} exceeds the maximum of {max}", max = MAX_PIDS)]
     PidsTooLarge { pids: u64 },
-    #[error("cpu limit {cpus} is not a finite number")]
-    CpusNotFinite { cpus: f64 },
-    #[error("cpu limit {cpus} is below the minimum of 0.01")]
-    CpusTooSmall { cpus: f64 },
-    #[error("cpu limit {cpus} exceeds the {host} cpus of this host")]
-    CpusTooLarge { cpus: f64, host: u64 },
+    /// The one CPU check the CLI and drumsd's config share.
+    #[error(transparent)]
+    Cpus(#[from] drums_api::CpusError),
 }
 
 impl Limits {
@@ -57,20 +52,7 @@ impl Limits {
             }
         }
         if let Some(cpus) = self.cpus {
-            if !cpus.is_finite() {
-                return Err(LimitsError::CpusNotFinite { cpus });
-            }
-            if cpus < MIN_CPUS {
-                return Err(LimitsError::CpusTooSmall { cpus });
-            }
-            // A quota above the host's CPU count limits nothing; refusing it tells
-            // the caller their request cannot be met rather than silently ignoring it.
-            if cpus > host_cpus as f64 {
-                return Err(LimitsError::CpusTooLarge {
-                    cpus,
-                    host: host_cpus,
-                });
-            }
+            drums_api::check_cpus(cpus, Some(host_cpus))?;
         }
         Ok(())
     }

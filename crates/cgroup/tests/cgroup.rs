@@ -377,7 +377,7 @@ fn limits_validation_messages() {
                 cpus: Some(0.001),
                 ..Limits::default()
             },
-            LimitsError::CpusTooSmall { cpus: 0.001 },
+            drums_api::CpusError::TooSmall { cpus: 0.001 }.into(),
             "cpu limit 0.001 is below the minimum of 0.01",
         ),
         (
@@ -385,7 +385,7 @@ fn limits_validation_messages() {
                 cpus: Some(3.5),
                 ..Limits::default()
             },
-            LimitsError::CpusTooLarge { cpus: 3.5, host: 2 },
+            drums_api::CpusError::TooLarge { cpus: 3.5, host: 2 }.into(),
             "cpu limit 3.5 exceeds the 2 cpus of this host",
         ),
         (
@@ -393,9 +393,10 @@ fn limits_validation_messages() {
                 cpus: Some(f64::INFINITY),
                 ..Limits::default()
             },
-            LimitsError::CpusNotFinite {
+            drums_api::CpusError::NotFinite {
                 cpus: f64::INFINITY,
-            },
+            }
+            .into(),
             "cpu limit inf is not a finite number",
         ),
     ];

@@ -400,6 +400,8 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
     let mut symlinks: HashSet<PathBuf> = HashSet::new();
     let mut fs_files: HashSet<PathBuf> = HashSet::new();
     let mut images: BTreeSet<String> = BTreeSet::new();
+    // The snapshot's root: without it a restore has no files to start from.
+    let mut has_fs = false;
     for (i, e) in a.entries().map_err(read_err)?.enumerate() {
         let mut e = e.map_err(read_err)?;
         let raw = e.path_bytes().into_owned();
@@ -480,6 +482,7 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
                 if depth == 1 && !kind.is_dir() {
                     return Err(refused(&raw, "fs must be a directory"));
                 }
+                has_fs |= depth == 1;
                 check_fs_member(&mut e, &raw, &p, &symlinks, &fs_files)?;
                 if kind.is_symlink() {
                     symlinks.insert(p.clone());
@@ -493,6 +496,11 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
         last_end = end;
     }
     let manifest = manifest.ok_or_else(|| ArchiveError::Layout("the archive is empty".into()))?;
+    if !has_fs {
+        return Err(ArchiveError::Layout(
+            "it has no fs/ (the checkpoint's files)".into(),
+        ));
+    }
     let listed: BTreeSet<String> = manifest.images.iter().map(|i| i.name.clone()).collect();
     if listed != images {
         return Err(ArchiveError::Layout(format!(

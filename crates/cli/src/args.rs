@@ -131,7 +131,7 @@ pub struct CreateArgs {
     #[arg(long)]
     pub pids: Option<u64>,
     /// CPU limit in cores (e.g. 0.5).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_cpus)]
     pub cpus: Option<f64>,
     /// Disk quota of the session's writable layer: bytes, or with a K, M, G or
     /// T suffix (default: drumsd's --default-disk).
@@ -169,8 +169,16 @@ pub enum CheckpointSub {
         #[arg(required = true)]
         checkpoints: Vec<String>,
     },
-    /// Write a checkpoint to one archive file.
-    Export { checkpoint: String, file: PathBuf },
+    /// Write a checkpoint to one archive file. An existing regular file is
+    /// replaced (as `cp` and `tar -f` do); anything else needs --force.
+    Export {
+        checkpoint: String,
+        file: PathBuf,
+        /// Replace FILE even when it is not a regular file (a device node, a
+        /// fifo, a socket or a symlink). A directory is never replaced.
+        #[arg(long)]
+        force: bool,
+    },
     /// Import an archive written by `checkpoint export`. It must be signed
     /// by this host or a key in STATE/trusted-keys.
     Import {
@@ -292,6 +300,12 @@ pub enum BenchCommand {
 /// Parse "512M", "1G", "1048576" (one parser for the CLI and drumsd's config).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     drums_api::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A CPU limit, by the same check drumsd applies (the host's CPU count is
+/// left to drumsd, which knows the host it runs on).
+pub fn parse_cpus(s: &str) -> Result<f64, String> {
+    drums_api::parse_cpus(s, None).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

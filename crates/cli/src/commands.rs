@@ -112,8 +112,10 @@ pub async fn run_exec(
     let mut buf: Vec<u8> = Vec::new();
     let b64 = base64::engine::general_purpose::STANDARD;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Failure::new(exit::INTERNAL, format!("exec stream broke: {e}")))?;
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return Err(exec_broke(c, session, format!("exec stream broke: {e}")).await),
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -143,10 +145,38 @@ pub async fn run_exec(
             }
         }
     }
-    Err(Failure::new(
-        exit::INTERNAL,
-        "exec stream ended without an exit status",
-    ))
+    Err(exec_broke(
+        c,
+        session,
+        "exec stream ended without an exit status".into(),
+    )
+    .await)
+}
+
+/// Why an exec's output stream broke or ended early: most often the session
+/// was removed (its guest agent died with it), which the caller should hear
+/// in those words rather than as a transport error.
+async fn exec_broke(c: &Client, session: &str, otherwise: String) -> Failure {
+    // Asked right after the break, the removal may still be under way.
+    let removed = match c
+        .json::<Session>(
+            Method::GET,
+            &format!("/v1/sessions/{}", enc(session)),
+            None::<&()>,
+        )
+        .await
+    {
+        Ok(s) => s.state == "removing",
+        Err(e) => matches!(e, drums_api::ClientError::Api { status: 404, .. }),
+    };
+    if removed {
+        Failure::new(
+            exit::INTERNAL,
+            format!("session {session} was removed while the command ran"),
+        )
+    } else {
+        Failure::new(exit::INTERNAL, otherwise)
+    }
 }
 
 /// `SESSION:PATH` → Some((session, path)); a local path → None.
@@ -162,7 +192,7 @@ pub fn split_remote(s: &str) -> Option<(&str, &str)> {
 pub async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32, Failure> {
     match (split_remote(src), split_remote(dst)) {
         (None, Some((sess, path))) => {
-            let data = std::fs::read(src).map_err(|e| cp_local_err("read", src, e))?;
+            let data = read_local_file(src)?;
             let mode = std::fs::metadata(src)
                 .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
                 .unwrap_or(0o644);
@@ -204,6 +234,18 @@ pub async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32, Failure> {
         )),
         (None, None) => Err(Failure::usage("cp needs one side as SESSION:PATH")),
     }
+}
+
+/// A host file's bytes; a directory is bad input (2), as a session's
+/// directory is when copied the other way, not an internal error.
+fn read_local_file(path: &str) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::IsADirectory {
+            Failure::usage(format!("not a regular file: {path} is a directory"))
+        } else {
+            cp_local_err("read", path, e)
+        }
+    })
 }
 
 fn cp_local_err(op: &str, path: &str, e: std::io::Error) -> Failure {
@@ -342,8 +384,13 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
         }
         return Ok(code);
     }
-    if let Some(crate::args::CheckpointSub::Export { checkpoint, file }) = &cmd.sub {
-        return export(c, checkpoint, file).await;
+    if let Some(crate::args::CheckpointSub::Export {
+        checkpoint,
+        file,
+        force,
+    }) = &cmd.sub
+    {
+        return export(c, checkpoint, file, *force).await;
     }
     if let Some(crate::args::CheckpointSub::Import {
         file,
@@ -351,8 +398,7 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
         trust_unsigned,
     }) = &cmd.sub
     {
-        let data = std::fs::read(file)
-            .map_err(|e| cp_local_err("read", &file.display().to_string(), e))?;
+        let data = read_local_file(&file.display().to_string())?;
         let req = Request::builder()
             .method(Method::POST)
             .uri(if *trust_unsigned {
@@ -394,11 +440,43 @@ pub async fn checkpoint(c: &Client, cmd: &crate::args::CheckpointCmd) -> Result<
     Ok(exit::OK)
 }
 
+/// Whether `export` may replace what is at `file`: nothing, or a regular
+/// file, as `cp` and `tar -f` would; a device node, fifo, socket or symlink
+/// only with `force` (the rename would replace the node itself, so
+/// `export CK /dev/null` would delete /dev/null); a directory never.
+fn export_target_ok(file: &Path, force: bool) -> Result<(), Failure> {
+    let meta = match std::fs::symlink_metadata(file) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(cp_local_err("inspect", &file.display().to_string(), e)),
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    if t.is_dir() {
+        return Err(Failure::usage(format!(
+            "export target {} is a directory: name the archive file",
+            file.display()
+        )));
+    }
+    if force {
+        return Ok(());
+    }
+    Err(Failure::usage(format!(
+        "export target {} exists and is not a regular file: it would be replaced, not written into (use --force to replace it)",
+        file.display()
+    )))
+}
+
 /// Stream the archive to a fresh temporary file next to the target, renamed
 /// into place only when the daemon ended the body cleanly: a failed or
 /// interrupted export exits non-zero and leaves neither archive nor temporary
 /// file behind (the temporary file is removed when dropped).
-async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failure> {
+async fn export(c: &Client, checkpoint: &str, file: &Path, force: bool) -> Result<i32, Failure> {
+    // Checked before the transfer, so a refused target costs nothing, and
+    // again before the rename, in case something appeared there meanwhile.
+    export_target_ok(file, force)?;
     let resp = c
         .call(
             Method::GET,
@@ -431,6 +509,7 @@ async fn export(c: &Client, checkpoint: &str, file: &Path) -> Result<i32, Failur
     out.as_file()
         .sync_all()
         .map_err(|e| cp_local_err("fsync", &out.path().display().to_string(), e))?;
+    export_target_ok(file, force)?;
     out.persist(file)
         .map_err(|e| cp_local_err("rename into", &file.display().to_string(), e.error))?;
     Ok(exit::OK)

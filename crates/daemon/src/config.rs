@@ -267,15 +267,7 @@ fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
 
 fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, String> {
     none_or(s, |s| {
-        let cpus: f64 = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("invalid cpu limit {s:?}: expected a number such as 0.5"))?;
-        cgroup_check(drums_cgroup::Limits {
-            cpus: Some(cpus),
-            ..Default::default()
-        })?;
-        Ok(cpus)
+        drums_api::parse_cpus(s, Some(drums_cgroup::host_cpus())).map_err(|e| e.to_string())
     })
 }
 

@@ -4,8 +4,10 @@
 
 pub mod config;
 pub mod error;
+pub mod json;
 pub mod ksm;
 pub mod lock;
+pub mod request_id;
 pub mod server;
 
 pub use config::{Cli, Command, DaemonArgs};

@@ -5,15 +5,17 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use drums_api::{CreateSession, Fault, Image, ImageList, SessionList, Version};
 use drums_session::Manager;
+use tracing::info;
 
 use crate::error::ApiError;
+use crate::json::{JsonBody, OptionalJsonBody};
 
 type AppState = Arc<Manager>;
 type Result<T> = std::result::Result<T, ApiError>;
@@ -95,7 +97,36 @@ pub fn router(m: AppState) -> Router {
                 format!("no route {}", uri.path()),
             )
         })
+        // axum's own answer is an empty body; every error here is an ErrorBody.
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} does not take {method}", uri.path()),
+            )
+        })
         .with_state(m)
+        .layer(axum::middleware::from_fn(uri_limit))
+        .layer(axum::middleware::from_fn(crate::request_id::layer))
+}
+
+/// The longest request target (path and query) served; no route needs more
+/// than a few hundred bytes. hyper answers a target over 65534 bytes itself,
+/// with an empty 414, before any of this runs (that limit is fixed in
+/// hyper); up to there, this gives the ErrorBody every other error has.
+pub const MAX_URI: usize = 8 << 10;
+
+async fn uri_limit(req: Request, next: axum::middleware::Next) -> Response {
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > MAX_URI {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is {len} bytes, more than the {MAX_URI} served"),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn version(State(m): State<AppState>) -> Json<Version> {
@@ -136,17 +167,12 @@ async fn list(State(m): State<AppState>) -> Result<Json<SessionList>> {
     }))
 }
 
-/// The body is parsed here rather than by axum's `Json` extractor so that a bad
-/// body gets the same error shape as every other error.
-async fn create(State(m): State<AppState>, body: Bytes) -> Result<impl IntoResponse> {
-    let req: CreateSession = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid create request: {e}"),
-        )
-    })?;
+async fn create(
+    State(m): State<AppState>,
+    JsonBody(req): JsonBody<CreateSession>,
+) -> Result<impl IntoResponse> {
     let s = m.create(&req).await?;
+    info!(session = %s.id, name = %s.name, "session created");
     Ok((StatusCode::CREATED, Json(s)))
 }
 
@@ -159,18 +185,8 @@ async fn show(
 
 async fn remove(State(m): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
     m.remove(&id).await?;
+    info!(session = %id, "session removed");
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Parse a JSON body into `T`, with this API's error shape on failure.
-fn body<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T> {
-    serde_json::from_slice(b).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid {what} request: {e}"),
-        )
-    })
 }
 
 async fn checkpoints(State(m): State<AppState>) -> Result<Json<drums_api::CheckpointList>> {
@@ -179,9 +195,13 @@ async fn checkpoints(State(m): State<AppState>) -> Result<Json<drums_api::Checkp
     }))
 }
 
-async fn checkpoint(State(m): State<AppState>, b: Bytes) -> Result<impl IntoResponse> {
-    let req: drums_api::CreateCheckpoint = body("checkpoint", &b)?;
-    Ok((StatusCode::CREATED, Json(m.checkpoint(&req).await?)))
+async fn checkpoint(
+    State(m): State<AppState>,
+    JsonBody(req): JsonBody<drums_api::CreateCheckpoint>,
+) -> Result<impl IntoResponse> {
+    let ck = m.checkpoint(&req).await?;
+    info!(checkpoint = %ck.id, name = %ck.name, session = %req.session, "checkpoint created");
+    Ok((StatusCode::CREATED, Json(ck)))
 }
 
 async fn show_checkpoint(
@@ -196,55 +216,55 @@ async fn remove_checkpoint(
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     m.remove_checkpoint(&id).await?;
+    info!(checkpoint = %id, "checkpoint removed");
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn restore(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
 ) -> Result<impl IntoResponse> {
-    let req = restore_request("restore", &b)?;
-    let name = req.name.as_deref();
-    Ok((
-        StatusCode::CREATED,
-        Json(m.restore(&id, req.count, name).await?),
-    ))
+    let req = req.unwrap_or_else(one_sibling);
+    let r = m.restore(&id, req.count, req.name.as_deref()).await?;
+    log_restored(&id, &r);
+    Ok((StatusCode::CREATED, Json(r)))
 }
 
-/// The body of a restore or fork; an empty body means one unnamed sibling.
-fn restore_request(what: &str, b: &[u8]) -> Result<drums_api::RestoreRequest> {
-    if b.is_empty() {
-        return Ok(drums_api::RestoreRequest {
-            count: 1,
-            name: None,
-        });
+fn log_restored(checkpoint: &str, r: &drums_api::RestoreResult) {
+    let ids: Vec<&str> = r.sessions.iter().map(|s| s.id.as_str()).collect();
+    info!(checkpoint, sessions = %ids.join(","), "checkpoint restored");
+}
+
+/// What an empty restore or fork body means: one unnamed sibling.
+fn one_sibling() -> drums_api::RestoreRequest {
+    drums_api::RestoreRequest {
+        count: 1,
+        name: None,
     }
-    body::<drums_api::RestoreRequest>(what, b)
 }
 
 /// Checkpoint (leaving the session running), then restore `count` siblings.
 async fn fork(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
 ) -> Result<impl IntoResponse> {
-    let req = restore_request("fork", &b)?;
+    let req = req.unwrap_or_else(one_sibling);
     // Refused before the checkpoint, which would otherwise be left behind.
     drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
-            session: id,
+            session: id.clone(),
             name: None,
             clean: false,
             leave_running: true,
         })
         .await?;
-    let name = req.name.as_deref();
-    Ok((
-        StatusCode::CREATED,
-        Json(m.restore(&ck.id, req.count, name).await?),
-    ))
+    info!(checkpoint = %ck.id, session = %id, "checkpoint created for a fork");
+    let r = m.restore(&ck.id, req.count, req.name.as_deref()).await?;
+    log_restored(&ck.id, &r);
+    Ok((StatusCode::CREATED, Json(r)))
 }
 
 async fn turn_begin(
@@ -264,9 +284,8 @@ async fn turn_end(
 async fn mark_agent(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    b: Bytes,
+    JsonBody(req): JsonBody<drums_api::MarkAgent>,
 ) -> Result<Json<drums_api::AgentMarked>> {
-    let req: drums_api::MarkAgent = body("agent", &b)?;
     Ok(Json(m.mark_agent(&id, req.pid)?))
 }
 
@@ -371,6 +390,7 @@ async fn import(
         )
     })?;
     let ck = m.import(body.into_data_stream(), q.trust_unsigned).await?;
+    info!(checkpoint = %ck.id, name = %ck.name, "checkpoint imported");
     Ok((StatusCode::CREATED, Json(ck)))
 }
 
@@ -443,7 +463,7 @@ async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Respo
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-async fn fault(State(m): State<AppState>, body: Bytes) -> Result<StatusCode> {
+async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Result<StatusCode> {
     if !m.config().fault_injection {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -451,13 +471,6 @@ async fn fault(State(m): State<AppState>, body: Bytes) -> Result<StatusCode> {
             "fault injection is off (start drumsd with --enable-fault-injection)",
         ));
     }
-    let f: Fault = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid fault: {e}"),
-        )
-    })?;
     m.faults.arm(f.point)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -379,6 +379,7 @@ fn responses_follow_the_openapi_document() {
             .send(
                 hyper::Request::post("/v1/sessions")
                     .header("host", "d")
+                    .header("content-type", "application/json")
                     .body(http_body_util::Full::new(bytes::Bytes::from_static(
                         b"{\"nme\":1}",
                     )))

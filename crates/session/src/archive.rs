@@ -192,7 +192,7 @@ impl Manager {
             // Everything that could refuse it is checked before anything is
             // extracted.
             check_manifest(&m)?;
-            m.host.check_restorable_on(&self.host)?;
+            self.check_usable_here(&m)?;
             if self.catalog.checkpoint(&m.name)?.is_some() {
                 return Err(CatalogError::CheckpointNameTaken(m.name.clone()).into());
             }
@@ -287,6 +287,33 @@ impl Manager {
             }
         }
         result
+    }
+}
+
+impl Manager {
+    /// An imported manifest passes the checks a restore of it would make,
+    /// so a checkpoint that could never be restored here is refused before
+    /// anything is written, as a bad archive (400), not kept to fail later.
+    fn check_usable_here(&self, m: &Manifest) -> Result<(), SessionError> {
+        m.host.check_restorable_on(&self.host).map_err(|e| {
+            SessionError::Invalid(format!(
+                "the archive cannot be restored on this host: {}",
+                crate::error_chain(&e)
+            ))
+        })?;
+        self.limits.from_manifest(&m.session.limits).map_err(|e| {
+            SessionError::Invalid(format!(
+                "the archive's manifest has limits this host refuses: {}",
+                crate::error_chain(&e)
+            ))
+        })?;
+        match self.images.get(&m.session.image) {
+            Ok(_) => Ok(()),
+            Err(drums_image::ImageError::NotFound(n)) => Err(SessionError::Invalid(format!(
+                "the archive's checkpoint needs the image {n:?}, which this host does not have"
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use tracing::warn;
 
 use crate::create::random_hex;
 use crate::manager::Manager;
-use crate::spec::validate_name;
+use crate::spec::validate_name_of;
 use crate::{io, teardown, SessionError};
 
 /// The bind mount of drums' binaries inside every session, declared external
@@ -58,7 +58,7 @@ impl Manager {
     pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
         let (rec, pid) = self.running(&req.session)?;
         if let Some(n) = &req.name {
-            validate_name(n)?;
+            validate_name_of("checkpoint", n)?;
         }
         let id = random_hex(6);
         let ck = CheckpointRecord {

@@ -112,7 +112,9 @@ pub enum SessionError {
 impl SessionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SessionError::Invalid(_) | SessionError::Limits(_) => ErrorKind::BadRequest,
+            SessionError::Invalid(_)
+            | SessionError::Limits(_)
+            | SessionError::Image(drums_image::ImageError::InvalidName(_)) => ErrorKind::BadRequest,
             // The checkpoint exists but cannot be restored as it is, like one
             // from an incompatible host.
             SessionError::ManifestLimits { .. } => ErrorKind::Conflict,
@@ -132,9 +134,10 @@ impl SessionError {
                 drums_inspect::InspectError::NoProcess { .. } => ErrorKind::NotFound,
                 _ => ErrorKind::Internal,
             },
-            SessionError::Catalog(drums_catalog::CatalogError::CheckpointNameTaken(_)) => {
-                ErrorKind::Conflict
-            }
+            SessionError::Catalog(
+                drums_catalog::CatalogError::CheckpointNameTaken(_)
+                | drums_catalog::CatalogError::NameIsAnId { .. },
+            ) => ErrorKind::Conflict,
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
                 ..
             }) => ErrorKind::Conflict,

@@ -83,7 +83,14 @@ pub struct DesktopSpec {
 /// The screen a desktop gets when the request names none.
 pub const DEFAULT_SCREEN: &str = "1280x800";
 
+/// A session's name: see [`validate_name_of`].
 pub fn validate_name(name: &str) -> Result<(), SessionError> {
+    validate_name_of("session", name)
+}
+
+/// A name of a session or checkpoint (`what`): one plain component, since it
+/// becomes part of paths, cgroup names and host names.
+pub fn validate_name_of(what: &str, name: &str) -> Result<(), SessionError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.as_bytes()[0].is_ascii_alphanumeric()
@@ -94,7 +101,7 @@ pub fn validate_name(name: &str) -> Result<(), SessionError> {
         Ok(())
     } else {
         Err(SessionError::Invalid(format!(
-            "invalid session name {name:?}: use 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            "invalid {what} name {name:?}: use 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit"
         )))
     }
 }
