@@ -2,7 +2,7 @@
 # Host set-up for drums, idempotent: every step checks whether its result is
 # already there and skips if so, so running it again costs seconds.
 #
-#   scripts/setup.sh          packages + CRIU 4.2.1 + release build + default image
+#   scripts/setup.sh          packages + schemathesis + CRIU 4.2.1 + release build + images
 #
 # It writes no registry host name anywhere: the Debian mirror is derived from the
 # machine's own apt sources.
@@ -47,6 +47,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- schemathesis, for the API fuzz test ------------------------------------
+# crates/daemon/tests/fuzz.rs runs it against a real drumsd. A virtualenv of its
+# own, from PyPI through pip; the marker names the version, so a new pin
+# replaces the old venv and an unchanged one costs nothing.
+schemathesis_version=4.32.5
+st_venv=$cache/schemathesis
+if [ ! -e "$st_venv/.drums-ready-$schemathesis_version" ]; then
+  log "installing schemathesis $schemathesis_version into $st_venv (the API fuzz test)"
+  rm -rf "$st_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$st_venv"
+  "$st_venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "schemathesis==$schemathesis_version"
+  touch "$st_venv/.drums-ready-$schemathesis_version"
 fi
 
 # ---- the Debian mirror, from the machine's own apt sources -----------------

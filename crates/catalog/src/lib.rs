@@ -820,10 +820,10 @@ mod tests {
         // Lookups try the id first: a name equal to another session's id (or
         // an id equal to another's name) would leave one of them unreachable.
         assert!(
-            matches!(c.insert_session(rec("c", "b"), Some(POOL)), Err(CatalogError::NameIsAnId { name, .. }) if name == "b")
+            matches!(c.insert_session(rec("c", "b"), Some(POOL), None), Err(CatalogError::NameIsAnId { name, .. }) if name == "b")
         );
         assert!(matches!(
-            c.insert_session(rec("two", "four"), Some(POOL)),
+            c.insert_session(rec("two", "four"), Some(POOL), None),
             Err(CatalogError::NameIsAnId { .. })
         ));
         c.delete_session("a").unwrap();

@@ -269,7 +269,11 @@ fn assert_confined(label: &str, got: &[Attempt]) {
             let v: Vec<String> = serde_json::from_str(&a.detail).unwrap();
             assert_eq!(v.len(), 3, "{label}: one extent: {v:?}");
             let base: u32 = v[1].parse().unwrap();
-            assert_eq!((v[0].as_str(), v[2].as_str()), ("0", "65536"), "{label}: {v:?}");
+            assert_eq!(
+                (v[0].as_str(), v[2].as_str()),
+                ("0", "65536"),
+                "{label}: {v:?}"
+            );
             assert!(base > drums_session::ids::DISK_BASE, "{label}: {v:?}");
             continue;
         }
@@ -291,7 +295,11 @@ fn assert_confined(label: &str, got: &[Attempt]) {
 }
 
 fn uid_map(got: &[Attempt]) -> String {
-    got.iter().find(|a| a.name == "uid_map").unwrap().detail.clone()
+    got.iter()
+        .find(|a| a.name == "uid_map")
+        .unwrap()
+        .detail
+        .clone()
 }
 
 /// In a privileged session the same attempts get through where confinement
@@ -317,7 +325,12 @@ fn assert_not_confined(got: &[Attempt]) {
     let caps: serde_json::Value = serde_json::from_str(&by["capabilities"].detail).unwrap();
     assert_ne!(caps["CapEff"], RUNC_CAPS);
     let map: Vec<String> = serde_json::from_str(&by["uid_map"].detail).unwrap();
-    assert_eq!(map, ["0", "0", "4294967295"], "privileged: host root: {:?}", by["uid_map"]);
+    assert_eq!(
+        map,
+        ["0", "0", "4294967295"],
+        "privileged: host root: {:?}",
+        by["uid_map"]
+    );
     assert_eq!(caps["Seccomp"], "0");
     // Still in its own namespaces: a privileged session is not the host.
     assert_eq!(by["ptrace a process outside"].errno, Some(libc::ESRCH));

@@ -21,6 +21,15 @@ impl Manager {
     pub async fn create(&self, req: &CreateSession) -> Result<Session, SessionError> {
         let spec = Spec::from_request(req, &self.limits)?;
         let image = self.images.get(&spec.image)?;
+        // The desktop's services and user come with the image's desktop
+        // layer: without it the guest cannot start them, which is the
+        // caller's choice of image, not drums failing.
+        if spec.desktop.is_some() && !image.desktop {
+            return Err(SessionError::Invalid(format!(
+                "image {:?} has no desktop layer: the desktop profile needs an image built as desktop",
+                spec.image
+            )));
+        }
         let id = random_hex(6);
         let name = spec.name.clone().unwrap_or_else(|| id.clone());
         let rec = SessionRecord {

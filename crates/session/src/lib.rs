@@ -138,6 +138,12 @@ impl SessionError {
                 drums_catalog::CatalogError::CheckpointNameTaken(_)
                 | drums_catalog::CatalogError::NameIsAnId { .. },
             ) => ErrorKind::Conflict,
+            // Every address of the subnet (or every id range) is taken: as with
+            // a full store, the request was fine and the host's state refuses
+            // it until a session goes.
+            SessionError::Catalog(drums_catalog::CatalogError::PoolExhausted(_)) => {
+                ErrorKind::Conflict
+            }
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {
                 ..
             }) => ErrorKind::Conflict,
@@ -227,5 +233,16 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::EDQUOT),
         });
         assert_eq!(store.kind(), ErrorKind::Conflict);
+    }
+
+    /// Found by the API fuzz test: both were 500s.
+    #[test]
+    fn no_free_address_is_a_conflict_and_a_bad_image_name_a_bad_request() {
+        let pool = SessionError::Catalog(drums_catalog::CatalogError::PoolExhausted(
+            "10.0.0.0/24".into(),
+        ));
+        assert_eq!(pool.kind(), ErrorKind::Conflict);
+        let image = SessionError::Image(drums_image::ImageError::InvalidName("../x".into()));
+        assert_eq!(image.kind(), ErrorKind::BadRequest);
     }
 }

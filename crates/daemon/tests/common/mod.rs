@@ -511,3 +511,26 @@ pub fn assert_schema(schema: &str, v: &serde_json::Value) {
         }
     }
 }
+
+/// Every operation of `api/openapi.yaml`: (method in lowercase, path, the
+/// operation's object).
+pub fn spec_operations() -> Vec<(String, String, serde_yaml::Value)> {
+    const METHODS: [&str; 8] = [
+        "get", "put", "post", "delete", "options", "head", "patch", "trace",
+    ];
+    let doc: serde_yaml::Value = serde_yaml::from_str(drums_api::OPENAPI_YAML).unwrap();
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_mapping().unwrap() {
+        for (method, op) in item.as_mapping().unwrap() {
+            let method = method.as_str().unwrap();
+            if METHODS.contains(&method) {
+                out.push((
+                    method.to_owned(),
+                    path.as_str().unwrap().to_owned(),
+                    op.clone(),
+                ));
+            }
+        }
+    }
+    out
+}
