@@ -45,23 +45,6 @@ def _kind_is(*kinds):
     return lambda case, response: _message(response)[0] in kinds
 
 
-# Objects in request bodies, by property name.
-_OBJECTS = ("limits", "desktop", "env")
-
-
-def _array_for_object(case, response):
-    """The body, or an object inside it, is a JSON array (serde reads a
-    struct from an array of its fields)."""
-    b = case.body
-    if isinstance(b, list):
-        return True
-    return isinstance(b, dict) and any(isinstance(b.get(k), list) for k in _OBJECTS)
-
-
-def _no_json_content_type(case, response):
-    return response.status_code == 415
-
-
 def _argv0_empty(case, response):
     argv = case.body.get("argv") if isinstance(case.body, dict) else None
     return isinstance(argv, list) and argv[:1] == [""]
@@ -98,19 +81,6 @@ _SESSION_OPS = (
 # answer, why). ST101 server error, ST103 undocumented status, ST201 invalid
 # input accepted, ST202 valid input refused.
 KNOWN = [
-    # -- waiting for the bad-input fixes of issue 15 (another branch) --------
-    (
-        "ST201",
-        _BODY_OPS,
-        _array_for_object,
-        "issue 15 (waits): refuse a body that is not a JSON object ([] creates a session)",
-    ),
-    (
-        "ST103",
-        ("POST /v1/sessions/{session}/exec",),
-        _no_json_content_type,
-        "issue 15 (waits): a Content-Type that is not JSON, 415 with an ErrorBody, in the spec",
-    ),
     # -- rules OpenAPI 3.0 cannot state; the spec says them in words ---------
     (
         "ST202",
