@@ -9,6 +9,11 @@ use drums_api::Limits;
 /// apt's lists need a few MiB of the writable layer before anything useful runs.
 pub const MIN_DISK_BYTES: u64 = 16 << 20;
 
+/// The smallest pids limit accepted: PID 1, the guest agent's threads and a
+/// command to run. Below it a create fails in `fork` (EAGAIN), which is the
+/// caller's mistake, not drumsd's.
+pub const MIN_PIDS: u64 = 32;
+
 /// drumsd's defaults, and what bounds a disk quota.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitPolicy {
@@ -25,6 +30,8 @@ pub struct LimitPolicy {
 pub enum LimitsError {
     #[error(transparent)]
     Cgroup(#[from] drums_cgroup::LimitsError),
+    #[error("pids limit {pids} is below the minimum of {MIN_PIDS}")]
+    PidsTooFew { pids: u64 },
     #[error("disk limit {bytes} bytes is below the minimum of 16 MiB")]
     DiskTooSmall { bytes: u64 },
     #[error("disk limit {bytes} bytes exceeds the {max} bytes the store holds for sessions")]
@@ -56,6 +63,9 @@ impl LimitPolicy {
 
     pub fn validate(&self, l: &Limits) -> Result<(), LimitsError> {
         cgroup_limits(l).validate()?;
+        if let Some(pids) = l.pids_max.filter(|p| *p < MIN_PIDS) {
+            return Err(LimitsError::PidsTooFew { pids });
+        }
         if let Some(bytes) = l.disk_bytes {
             if bytes < MIN_DISK_BYTES {
                 return Err(LimitsError::DiskTooSmall { bytes });
@@ -139,6 +149,24 @@ mod tests {
             none.effective(&Limits::default()).unwrap(),
             Limits::default()
         );
+    }
+
+    #[test]
+    fn a_pids_limit_too_small_to_start_is_refused() {
+        let p = policy();
+        for pids in [1, MIN_PIDS - 1] {
+            let l = Limits {
+                pids_max: Some(pids),
+                ..Limits::default()
+            };
+            let e = p.effective(&l).unwrap_err().to_string();
+            assert!(e.contains("below the minimum of 32"), "{pids}: {e}");
+        }
+        let l = Limits {
+            pids_max: Some(MIN_PIDS),
+            ..Limits::default()
+        };
+        p.effective(&l).unwrap();
     }
 
     #[test]

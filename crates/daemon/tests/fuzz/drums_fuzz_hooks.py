@@ -153,12 +153,6 @@ KNOWN = [
     ),
     (
         "ST101",
-        ("POST /v1/sessions",),
-        _says("fork: EAGAIN"),
-        "drumsd: a pids limit too small to start the session (pids_max 1) is a 500, not a 400",
-    ),
-    (
-        "ST101",
         ("DELETE /v1/sessions/{session}",),
         _says("did not exit within"),
         (
