@@ -55,6 +55,8 @@ pub fn user_namespace(map: &[Extent]) -> Result<OwnedFd> {
         // Both sides signal with a byte, never with EOF: a concurrent fork
         // (another session's namespace) may hold copies of these pipes'
         // write ends, so an EOF could wait for that other child.
+        // SAFETY: raw system calls on descriptors this function owns, then
+        // _exit without running any of drumsd's destructors.
         nix::unistd::ForkResult::Child => unsafe {
             let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
             let b = [ok as u8];
@@ -119,6 +121,7 @@ pub fn idmapped_tree(src: &Path, userns: BorrowedFd<'_>, read_only: bool) -> Res
     }
     // SAFETY: open_tree just returned this descriptor.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: mount_attr is four u64s; all zeros is "set nothing".
     let mut attr: libc::mount_attr = unsafe { std::mem::zeroed() };
     attr.attr_set = libc::MOUNT_ATTR_IDMAP
         | if read_only {
