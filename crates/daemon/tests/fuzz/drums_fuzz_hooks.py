@@ -45,6 +45,19 @@ def _kind_is(*kinds):
     return lambda case, response: _message(response)[0] in kinds
 
 
+def _desktop_with_few_pids(case, response):
+    """A desktop create whose pids limit leaves Chromium no threads."""
+    b = case.body if isinstance(case.body, dict) else {}
+    limits = b.get("limits") if isinstance(b.get("limits"), dict) else {}
+    pids = limits.get("pids_max")
+    return (
+        b.get("profile") == "desktop"
+        and isinstance(pids, int)
+        and pids < 512
+        and "desktop:" in _message(response)[1]
+    )
+
+
 def _argv0_empty(case, response):
     argv = case.body.get("argv") if isinstance(case.body, dict) else None
     return isinstance(argv, list) and argv[:1] == [""]
@@ -150,6 +163,12 @@ KNOWN = [
         ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints/{checkpoint}/restore"),
         _says("criu restore failed"),
         "drumsd: a restore of a fuzzed checkpoint fails in CRIU (mnt: no root found for tree)",
+    ),
+    (
+        "ST101",
+        ("POST /v1/sessions",),
+        _desktop_with_few_pids,
+        "drumsd: a desktop whose pids limit is too small for Chromium (pthread_create EAGAIN) is a 500, not a 400",
     ),
     (
         "ST101",
