@@ -45,17 +45,16 @@ def _kind_is(*kinds):
     return lambda case, response: _message(response)[0] in kinds
 
 
-def _desktop_with_few_pids(case, response):
-    """A desktop create whose pids limit leaves Chromium no threads."""
+def _desktop_with_small_limits(case, response):
+    """A desktop create whose pids or memory limit leaves Xvfb or Chromium
+    too little to start (pthread_create EAGAIN, or the OOM killer)."""
     b = case.body if isinstance(case.body, dict) else {}
     limits = b.get("limits") if isinstance(b.get("limits"), dict) else {}
-    pids = limits.get("pids_max")
-    return (
-        b.get("profile") == "desktop"
-        and isinstance(pids, int)
-        and pids < 512
-        and "desktop:" in _message(response)[1]
+    pids, memory = limits.get("pids_max"), limits.get("memory_bytes")
+    small = (isinstance(pids, int) and pids < 512) or (
+        isinstance(memory, int) and memory < (1 << 30)
     )
+    return b.get("profile") == "desktop" and small and "desktop:" in _message(response)[1]
 
 
 def _argv0_empty(case, response):
@@ -167,8 +166,8 @@ KNOWN = [
     (
         "ST101",
         ("POST /v1/sessions",),
-        _desktop_with_few_pids,
-        "drumsd: a desktop whose pids limit is too small for Chromium (pthread_create EAGAIN) is a 500, not a 400",
+        _desktop_with_small_limits,
+        "drumsd: a desktop whose pids or memory limit is too small for Xvfb and Chromium is a 500, not a 400",
     ),
     (
         "ST101",
