@@ -29,9 +29,6 @@ use crate::{DesktopConfig, DesktopError, CDP_PORT, DISPLAY, PUBLIC_CDP_PORT};
 
 /// Where the services' logs go inside the session.
 pub const LOG_DIR: &str = "/var/log/drums-desktop";
-/// How long a service may take to say it is ready. Chromium's first start
-/// on a loaded 2-core machine takes a few seconds; a minute means broken.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A started desktop.
 #[derive(Debug)]
@@ -45,14 +42,24 @@ pub struct Desktop {
 
 impl Desktop {
     /// Starts Xvfb, dbus, openbox, Chromium and socat, returning once
-    /// Chromium's DevTools endpoint listens. Agent-readiness is
+    /// Chromium's DevTools endpoint listens, or failing once `timeout` has
+    /// passed since the call (one budget for every service, so that the
+    /// caller's own budget bounds the whole start). Agent-readiness is
     /// [`crate::ready::wait`]'s business.
-    pub async fn start(config: DesktopConfig) -> Result<Desktop, DesktopError> {
-        Self::start_in(config, Path::new(LOG_DIR)).await
+    pub async fn start(config: DesktopConfig, timeout: Duration) -> Result<Desktop, DesktopError> {
+        Self::start_in(config, Path::new(LOG_DIR), timeout).await
     }
 
-    pub async fn start_in(config: DesktopConfig, log_dir: &Path) -> Result<Desktop, DesktopError> {
+    pub async fn start_in(
+        config: DesktopConfig,
+        log_dir: &Path,
+        timeout: Duration,
+    ) -> Result<Desktop, DesktopError> {
         let t0 = Instant::now();
+        let budget = Budget {
+            deadline: tokio::time::Instant::from_std(t0 + timeout),
+            timeout,
+        };
         prepare_dirs(&config, log_dir)?;
         let user = &config.user;
         let mut services = Vec::new();
@@ -92,8 +99,8 @@ impl Desktop {
         )?;
         services.push(("Xvfb", pid(&xvfb)));
         services.push(("dbus-daemon", pid(&dbus)));
-        let x = wait_notified("Xvfb", xvfb, x_ready, log_dir);
-        let bus = wait_notified("dbus-daemon", dbus, bus_ready, log_dir);
+        let x = wait_notified("Xvfb", xvfb, x_ready, log_dir, budget);
+        let bus = wait_notified("dbus-daemon", dbus, bus_ready, log_dir, budget);
         let (x, bus) = tokio::join!(x, bus);
         x?;
         bus?;
@@ -132,7 +139,7 @@ impl Desktop {
             true,
         )?;
         services.push(("google-chrome", pid(&chrome)));
-        wait_devtools(chrome, log_dir).await?;
+        wait_devtools(chrome, log_dir, budget).await?;
 
         let socat = spawn(
             "socat",
@@ -152,6 +159,22 @@ impl Desktop {
             services,
             started_in: t0.elapsed(),
         })
+    }
+}
+
+/// When a start gives up, and the whole budget it had (for the message).
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl Budget {
+    fn expired(&self, what: &str) -> DesktopError {
+        DesktopError::Timeout {
+            what: what.into(),
+            seconds: self.timeout.as_secs(),
+        }
     }
 }
 
@@ -280,6 +303,7 @@ async fn wait_notified(
     mut child: Child,
     pipe: OwnedFd,
     log_dir: &Path,
+    budget: Budget,
 ) -> Result<(), DesktopError> {
     let mut pipe = tokio::fs::File::from_std(std::fs::File::from(pipe));
     let mut buf = Vec::new();
@@ -296,7 +320,7 @@ async fn wait_notified(
             }
         }
     };
-    let outcome = tokio::time::timeout(START_TIMEOUT, read).await;
+    let outcome = tokio::time::timeout_at(budget.deadline, read).await;
     match outcome {
         Ok(Ok(true)) => {
             reap(service, child);
@@ -306,21 +330,22 @@ async fn wait_notified(
         Err(_) => {
             let _ = child.start_kill();
             reap(service, child);
-            Err(DesktopError::Timeout {
-                what: service.into(),
-                seconds: START_TIMEOUT.as_secs(),
-            })
+            Err(budget.expired(service))
         }
     }
 }
 
 /// Reads Chromium's stderr until DevTools listens, then keeps copying it to
 /// its log (a pipe nobody drains would block Chromium once full).
-async fn wait_devtools(mut chrome: Child, log_dir: &Path) -> Result<(), DesktopError> {
+async fn wait_devtools(
+    mut chrome: Child,
+    log_dir: &Path,
+    budget: Budget,
+) -> Result<(), DesktopError> {
     let stderr = chrome.stderr.take().expect("stderr is piped");
     let mut lines = BufReader::new(stderr).lines();
     let mut log = tokio::fs::File::from_std(log_file(log_dir, "google-chrome")?);
-    let found = tokio::time::timeout(START_TIMEOUT, async {
+    let found = tokio::time::timeout_at(budget.deadline, async {
         use tokio::io::AsyncWriteExt;
         while let Ok(Some(line)) = lines.next_line().await {
             let _ = log.write_all(line.as_bytes()).await;
@@ -348,10 +373,7 @@ async fn wait_devtools(mut chrome: Child, log_dir: &Path) -> Result<(), DesktopE
         Err(_) => {
             let _ = chrome.start_kill();
             reap("google-chrome", chrome);
-            Err(DesktopError::Timeout {
-                what: "Chromium's DevTools".into(),
-                seconds: START_TIMEOUT.as_secs(),
-            })
+            Err(budget.expired("Chromium's DevTools"))
         }
     }
 }

@@ -30,7 +30,13 @@ use crate::error::ApiError;
 pub const OSWORLD_PORT: u16 = 5000;
 /// Whose desktop it is when the request does not say: OSWorld's user.
 const DEFAULT_USER: &str = "user";
-/// Agent-readiness of a cold start includes Chromium's first start.
+/// How long a cold start may take, from spawning Xvfb to agent-ready, when
+/// the request does not say: Chromium's first start on a loaded 2-core
+/// machine takes seconds, so two minutes means broken. drumsd sends its own
+/// budget and waits a little longer, so that this agent's error, which
+/// names the service that was late, is what the user sees.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `GET /v1/desktop/ready` waits when the query does not say.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
@@ -52,6 +58,9 @@ pub struct StartRequest {
     pub url: Option<String>,
     #[serde(default)]
     pub user: Option<String>,
+    /// The whole start's budget, until agent-ready.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -125,13 +134,15 @@ async fn start(
         url: req.url.unwrap_or_else(|| drums_desktop::DEFAULT_URL.into()),
         user: user.clone(),
     };
-    let desktop = drums_desktop::Desktop::start(config)
+    let timeout = req.timeout_ms.map_or(START_TIMEOUT, Duration::from_millis);
+    let t0 = std::time::Instant::now();
+    let desktop = drums_desktop::Desktop::start(config, timeout)
         .await
         .map_err(desktop_error)?;
     serve_osworld(&user).await?;
     *running = Some(Running { user });
     drop(running);
-    let ready = drums_desktop::ready::wait(READY_TIMEOUT)
+    let ready = drums_desktop::ready::wait(timeout.saturating_sub(t0.elapsed()))
         .await
         .map_err(desktop_error)?;
     Ok((

@@ -163,9 +163,13 @@ impl Manager {
     /// The desktop profile: the guest agent starts Xvfb, dbus, openbox and
     /// Chromium and answers when the desktop is agent-ready.
     async fn start_desktop(&self, pid: i32, desktop: &DesktopSpec) -> Result<(), SessionError> {
-        let client = guest_client(pid);
-        let _: serde_json::Value = client
-            .json(hyper::Method::POST, "/v1/desktop", Some(desktop))
+        let body = serde_json::json!({
+            "screen": desktop.screen,
+            "url": desktop.url,
+            "timeout_ms": crate::manager::DESKTOP_START_TIMEOUT.as_millis() as u64,
+        });
+        let _: serde_json::Value = crate::manager::desktop_start_client(pid)
+            .json(hyper::Method::POST, "/v1/desktop", Some(&body))
             .await
             .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
         Ok(())

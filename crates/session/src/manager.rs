@@ -437,8 +437,16 @@ impl Manager {
 /// How long drumsd waits for a guest agent's answer to one of its own calls
 /// (health, hygiene, desktop start and readiness, audit): a hostile or hung
 /// guest costs one task this long, never drumsd. A desktop's cold start is
-/// the slowest honest answer, a few seconds.
+/// slower and has its own budget ([`DESKTOP_START_TIMEOUT`]).
 pub const GUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// A desktop's cold start, from Xvfb to agent-ready: a few seconds, but
+/// several at once on a loaded 2-core machine can take tens of seconds.
+/// drumsd sends it as the guest's budget.
+pub const DESKTOP_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How much longer than the budget it gave a guest drumsd waits for the
+/// answer, so that the guest's own error, which names the late step, is
+/// what the user reads rather than drumsd's "did not answer".
+pub const GUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// The largest guest answer drumsd reads whole: its own calls answer a few
 /// KiB of JSON.
 pub const GUEST_MAX_BODY: usize = 16 << 20;
@@ -455,6 +463,15 @@ pub fn session_root(pid: i32) -> PathBuf {
 pub fn guest_client(pid: i32) -> drums_api::Client {
     drums_api::Client::in_root(session_root(pid), drums_init::GUEST_SOCKET)
         .with_limits(Some(GUEST_TIMEOUT), Some(GUEST_MAX_BODY))
+}
+
+/// [`guest_client`] for a desktop's cold start, which may take
+/// [`DESKTOP_START_TIMEOUT`].
+pub fn desktop_start_client(pid: i32) -> drums_api::Client {
+    guest_client(pid).with_limits(
+        Some(DESKTOP_START_TIMEOUT + GUEST_GRACE),
+        Some(GUEST_MAX_BODY),
+    )
 }
 
 pub(crate) fn to_api(r: SessionRecord) -> Session {
