@@ -12,6 +12,7 @@
 //! which is how the daemon cleans up after a crash.
 
 pub mod devices;
+mod freeze;
 mod limits;
 
 use std::collections::BTreeSet;
@@ -27,6 +28,7 @@ use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
 
 pub use devices::Devices;
+pub use freeze::{FreezeMethod, Frozen, FREEZE_TIMEOUT};
 pub use limits::{
     host_cpus, host_memory_bytes, host_pids_max, Limits, LimitsError, ParentCaps, MAX_PIDS,
     MIN_CPUS, MIN_MEMORY_BYTES,
@@ -98,6 +100,21 @@ pub enum CgroupError {
         "kill processes in {path}: the cgroup contains this process ({pid}), refusing to kill it"
     )]
     ContainsSelf { path: PathBuf, pid: i32 },
+    #[error("freeze with the {method} freezer: the cgroup has no directory in that hierarchy")]
+    NoFreezer { method: &'static str },
+    #[error("freeze {path} ({method}): not frozen after {timeout:?} (state: {state})")]
+    FreezeTimeout {
+        path: PathBuf,
+        method: &'static str,
+        timeout: Duration,
+        state: String,
+    },
+    #[error("poll {path}")]
+    Poll {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Which hierarchy a cgroup directory belongs to.
@@ -696,14 +713,9 @@ fn is_dead(pid: i32) -> bool {
 /// the best move, so this gives up quietly.
 fn wait_frozen(state: &Path) {
     let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline {
-        match std::fs::read_to_string(state) {
-            Ok(s) if s.trim() == "FROZEN" => return,
-            Ok(_) => std::thread::sleep(Duration::from_millis(2)),
-            Err(_) => return,
-        }
+    if let Err(e) = freeze::wait_v1_frozen(state, deadline, true) {
+        tracing::debug!(path = %state.display(), error = ?e, "cgroup did not finish freezing");
     }
-    tracing::debug!(path = %state.display(), "cgroup did not finish freezing");
 }
 
 /// Write `value` to a cgroup control file in a single write, as cgroupfs expects,

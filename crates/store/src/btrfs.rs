@@ -121,6 +121,10 @@ pub struct SubvolumeInfo {
     pub uuid: [u8; 16],
     /// The uuid of the subvolume this one is a snapshot of; all zero if none.
     pub parent_uuid: [u8; 16],
+    /// The transaction that created the subvolume (otransid). For a snapshot,
+    /// file extents with a generation up to this one are in it; newer ones were
+    /// written after it was taken (see [`crate::written_since`]).
+    pub created: u64,
 }
 
 /// Create an empty subvolume at `path`, whose parent directory must be on btrfs and
@@ -320,6 +324,7 @@ pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, StoreError> {
         readonly: args.flags & ROOT_SUBVOL_RDONLY != 0,
         uuid: args.uuid,
         parent_uuid: args.parent_uuid,
+        created: args.otransid,
     })
 }
 
@@ -348,7 +353,7 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), StoreError> {
     Ok((parent, name))
 }
 
-fn open_dir(path: &Path) -> Result<File, StoreError> {
+pub(crate) fn open_dir(path: &Path) -> Result<File, StoreError> {
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)

@@ -12,6 +12,7 @@ mod btrfs;
 mod loopdev;
 mod mountinfo;
 mod quota;
+mod written;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -31,6 +32,7 @@ pub use btrfs::{
 pub use quota::{
     enable_quota, ensure_qgroup, limit_qgroup, QgroupInherit, QgroupLimitKind, SESSIONS_QGROUP,
 };
+pub use written::{written_since, Written};
 
 /// Where the btrfs superblock's magic lives in a device: the primary superblock
 /// starts at 64 KiB and its `magic` field at offset 0x40 within it.

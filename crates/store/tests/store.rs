@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use drums_store::{
     create_subvolume, delete_subvolume, is_subvolume, snapshot, subvolume_generation,
-    subvolume_info, Backing, Store, StoreError,
+    subvolume_info, written_since, Backing, Store, StoreError, Written,
 };
 
 const GIB: u64 = 1 << 30;
@@ -344,4 +344,64 @@ fn qgroups_limit_a_subvolume_its_snapshots_and_the_group() {
     }
     store.close().unwrap();
     assert_cleaned_up(&root, &state.join("store.img"));
+}
+
+/// The bytes a files artifact adds: data extents newer than the previous
+/// artifact's creation, counted from the new read-only snapshot.
+#[test]
+fn written_since_counts_the_data_written_between_two_snapshots() {
+    let tmp = state_dir();
+    let state = fs::canonicalize(tmp.path()).unwrap();
+    let guard = MountGuard(state.join("store"));
+    let store = Store::open(&state, GIB).unwrap();
+    let root = store.root().to_path_buf();
+    let image = state.join("store.img");
+    const KIB: u64 = 1024;
+
+    let upper = root.join("upper");
+    create_subvolume(&upper).unwrap();
+    fs::write(upper.join("big"), vec![7u8; 1024 * KIB as usize]).unwrap();
+    fs::write(upper.join("small"), b"tiny").unwrap();
+    let first = root.join("a1");
+    snapshot(&upper, &first, true).unwrap();
+    let a1 = subvolume_info(&first).unwrap();
+    assert!(a1.created > 0 && a1.readonly);
+    // Everything, then nothing newer than its own creation.
+    let all = written_since(&first, 0).unwrap();
+    assert!(all.bytes >= 1024 * KIB + 4, "{all:?}");
+    assert_eq!(
+        written_since(&first, a1.created).unwrap(),
+        Written::default()
+    );
+
+    // 256 KiB appended to a new file and 64 KiB overwritten in the old one.
+    fs::write(upper.join("new"), vec![1u8; 256 * KIB as usize]).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(upper.join("big"))
+            .unwrap();
+        f.write_all_at(&vec![9u8; 64 * KIB as usize], 128 * KIB)
+            .unwrap();
+    }
+    let second = root.join("a2");
+    snapshot(&upper, &second, true).unwrap();
+    let delta = written_since(&second, a1.created).unwrap();
+    assert_eq!(delta.bytes, 320 * KIB, "{delta:?}");
+    assert_eq!(delta.extents, 2, "{delta:?}");
+    // The first artifact did not change.
+    assert_eq!(
+        written_since(&first, a1.created).unwrap(),
+        Written::default()
+    );
+    let err = written_since(&state, 0).unwrap_err();
+    assert!(matches!(err, StoreError::NotSubvolume { .. }), "{err}");
+
+    for path in [&second, &first, &upper] {
+        assert!(delete_subvolume(path).unwrap());
+    }
+    store.close().unwrap();
+    assert_cleaned_up(&root, &image);
+    drop(guard);
 }
