@@ -24,9 +24,9 @@ struct Shared<J: Job> {
 
 impl<J: Job> Shared<J> {
     fn lock(&self) -> MutexGuard<'_, State<J>> {
-        // Only a caller's `merge` can panic under the lock, and it runs before
-        // any bookkeeping changes, so the state behind a poisoned lock is
-        // still consistent.
+        // Only the caller's code can panic under the lock: its `merge`, which
+        // runs before any bookkeeping changes, or its job's drop, which runs
+        // after. So the state behind a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -80,6 +80,8 @@ impl<J: Job> Scheduler<J> {
     ///
     /// A new entry waits for room while the queue is at the high-water mark,
     /// and fails with [`EngineError::Busy`] after [`Config::max_wait`].
+    /// Waiting submissions are all woken when room appears and race for it:
+    /// the wait is bounded, so a strict order among them buys little.
     pub async fn submit(&self, job: J, priority: Priority) -> Result<Submitted, EngineError> {
         let session = job.session().to_owned();
         let asked = Instant::now();
