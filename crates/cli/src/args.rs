@@ -285,6 +285,15 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The v1 and v2 cgroup freezers for a files artifact (freeze, read-only
+    /// btrfs snapshot, thaw), interleaved on a 20-process workload. Runs
+    /// in-process as root, without drumsd.
+    Freeze {
+        #[arg(short = 'n', default_value_t = 50)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold start vs hygienic restore, interleaved; forks of 1, 4, 8;
     /// memory per session cold vs restored; dump time and image size.
     Restore {

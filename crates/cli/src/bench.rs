@@ -10,9 +10,11 @@ use serde_json::json;
 
 mod confinement;
 mod desktop;
+mod freeze;
 mod inspect;
 
 pub use confinement::confinement;
+pub use freeze::freeze;
 pub use inspect::inspect;
 
 use crate::commands::enc;

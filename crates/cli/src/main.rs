@@ -22,6 +22,10 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         // Refuse bad input before a daemon is started for it.
         commands::create_request(a)?;
     }
+    if let Command::Bench(BenchCommand::Freeze { n, json }) = &cli.command {
+        // A host mechanism, measured in-process: no daemon involved.
+        return bench::freeze(*n, *json);
+    }
     let c = connect::client(&cli.global).await?;
     match &cli.command {
         Command::Create(a) => commands::create(&c, a).await,
@@ -73,5 +77,6 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Bench(BenchCommand::Confinement { profile, n, json }) => {
             bench::confinement(&c, profile, *n, *json).await
         }
+        Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
     }
 }
