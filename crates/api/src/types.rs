@@ -346,6 +346,9 @@ pub struct TurnEffects {
     pub dirtied: Vec<DirtiedProcess>,
     /// How long turn_end took to classify, in microseconds.
     pub latency_us: u64,
+    /// The version the turn's end asked for, if it asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<TurnCheckpoint>,
 }
 
 /// One path whose state differs at the boundary, relative to the session root.
@@ -414,4 +417,139 @@ pub struct HostKey {
     /// The key with a comment naming this host: the line to add to another
     /// host's `STATE/trusted-keys` for it to accept this host's archives.
     pub trusted_keys_line: String,
+}
+
+/// When a turn's end takes a version (see docs/engine.md):
+/// - `selective` (the default): as the inspector's class says;
+/// - `full`: both artifacts at every turn (Crab's baseline);
+/// - `files`: a files artifact at every turn, never the processes (the
+///   chat+files baseline; such a version restores as a cold start);
+/// - `off`: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    #[default]
+    Selective,
+    Full,
+    Files,
+    Off,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Selective => "selective",
+            Policy::Full => "full",
+            Policy::Files => "files",
+            Policy::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "selective" => Ok(Policy::Selective),
+            "full" => Ok(Policy::Full),
+            "files" => Ok(Policy::Files),
+            "off" => Ok(Policy::Off),
+            _ => Err(format!(
+                "unknown policy {s:?} (selective, full, files, off)"
+            )),
+        }
+    }
+}
+
+/// `POST /v1/sessions/{session}/turn/end`'s optional body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndTurn {
+    /// Take a version of the session as the turn's effects ask.
+    #[serde(default)]
+    pub checkpoint: bool,
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// Answer only once the version is durable (or failed).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// The version a turn's end asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnCheckpoint {
+    /// What the policy and the turn's class ask for: `none`, `files`,
+    /// `process` or `full`. The job may take more (a full version) when a
+    /// pairing would not be valid; the version says what it took and why.
+    pub decision: String,
+    /// The job taking it; none when the decision is `none`.
+    pub job: Option<String>,
+    /// With `wait`: the durable version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<SessionVersion>,
+}
+
+/// One artifact's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactCost {
+    pub bytes: u64,
+    pub frozen_ms: f64,
+    pub total_ms: f64,
+}
+
+/// A version of a session: `GET /v1/sessions/{session}/versions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionVersion {
+    pub id: String,
+    pub session_id: String,
+    /// 1, 2, … in the session's history.
+    pub number: u64,
+    /// pending | dumping | versioning | done | failed
+    pub state: String,
+    /// A person pinned it as a checkpoint (its name), so retention keeps it.
+    pub pinned: bool,
+    pub name: String,
+    pub parent: Option<String>,
+    pub turn: Option<u64>,
+    /// The class of the turns it covers, or `manual`.
+    pub class: String,
+    pub policy: String,
+    /// `full`, `files` or `process`; empty until it is done.
+    pub took: String,
+    pub reason: Option<String>,
+    /// The versions whose artifacts it uses.
+    pub files_of: Option<String>,
+    pub process_of: Option<String>,
+    pub files: Option<ArtifactCost>,
+    pub process: Option<ArtifactCost>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionVersions {
+    pub versions: Vec<SessionVersion>,
+}
+
+/// `POST /v1/sessions/{session}/rollback`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollback {
+    /// A version's id or number; the session's newest done version if absent.
+    #[serde(default)]
+    pub to: Option<String>,
+}
+
+/// A checkpoint job: `GET /v1/jobs/{job}`, `POST /v1/jobs/{job}/promote`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    /// queued | running | done | failed
+    pub state: String,
+    /// normal | high (while queued)
+    pub priority: String,
+    /// The version it took, once done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }

@@ -15,9 +15,12 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+mod versions;
+pub use versions::{VersionRecord, IN_FLIGHT};
+
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -49,7 +52,7 @@ pub enum CatalogError {
     /// never be reached by name.
     #[error("{name:?} is the id of another {what}: a {what} may not be named after it")]
     NameIsAnId { what: &'static str, name: String },
-    #[error("checkpoint {0} is not pending: it cannot be published")]
+    #[error("version {0} is not being made: it cannot be published")]
     NotPending(String),
     #[error("no free address left in {0}")]
     PoolExhausted(String),
@@ -413,127 +416,6 @@ impl Catalog {
         Ok(rec)
     }
 
-    // ---- checkpoints ---------------------------------------------------------
-
-    /// Insert a checkpoint in state `pending`. Only `done` checkpoints are
-    /// visible to users; see [`Catalog::publish_checkpoint`].
-    pub fn insert_checkpoint(&self, rec: &CheckpointRecord) -> Result<()> {
-        let c = self.conn();
-        // Under the connection's lock, so no other insert comes between the
-        // check and the row; a name's own uniqueness is the table's constraint.
-        let shadows = any_row(
-            &c,
-            "SELECT 1 FROM checkpoints WHERE (id = ?1 AND name != ?1) OR (name = ?2 AND id != ?2)",
-            params![rec.name, rec.id],
-            "check checkpoint name",
-        )?;
-        if shadows {
-            return Err(CatalogError::NameIsAnId {
-                what: "checkpoint",
-                name: rec.name.clone(),
-            });
-        }
-        let r = c.execute(
-            "INSERT INTO checkpoints (id, name, session_id, state, created_at_ms, manifest)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                rec.id,
-                rec.name,
-                rec.session_id,
-                rec.state,
-                rec.created_at_ms,
-                rec.manifest.to_string()
-            ],
-        );
-        match r {
-            Err(rusqlite::Error::SqliteFailure(e, _))
-                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
-            {
-                Err(CatalogError::CheckpointNameTaken(rec.name.clone()))
-            }
-            r => r.map(|_| ()).map_err(sql("insert checkpoint")),
-        }
-    }
-
-    /// Publish a pending checkpoint and hand its parts to the checkpoint row:
-    /// the manifest, state `done` and the release of every ledger row of
-    /// `owner` (its directory and snapshot) in one transaction. Two statements
-    /// would leave a window in which a crash keeps the ledger rows of a
-    /// published checkpoint, and the sweep at start-up would then delete the
-    /// parts of a checkpoint users can see.
-    pub fn publish_checkpoint(
-        &self,
-        id: &str,
-        manifest: &serde_json::Value,
-        owner: &str,
-    ) -> Result<()> {
-        let mut c = self.conn();
-        let tx = c
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(sql("begin publish checkpoint"))?;
-        let n = tx
-            .execute(
-                "UPDATE checkpoints SET state = 'done', manifest = ?2
-                 WHERE id = ?1 AND state = 'pending'",
-                params![id, manifest.to_string()],
-            )
-            .map_err(sql("publish checkpoint"))?;
-        if n != 1 {
-            // Dropping the transaction rolls it back: nothing is released.
-            return Err(CatalogError::NotPending(id.to_owned()));
-        }
-        tx.execute("DELETE FROM resources WHERE owner = ?1", params![owner])
-            .map_err(sql("release the published checkpoint's resources"))?;
-        tx.commit().map_err(sql("commit publish checkpoint"))?;
-        Ok(())
-    }
-
-    pub fn set_checkpoint_state(&self, id: &str, state: &str) -> Result<()> {
-        self.conn()
-            .execute(
-                "UPDATE checkpoints SET state = ?2 WHERE id = ?1",
-                params![id, state],
-            )
-            .map_err(sql("update checkpoint"))?;
-        Ok(())
-    }
-
-    pub fn delete_checkpoint(&self, id: &str) -> Result<()> {
-        self.conn()
-            .execute("DELETE FROM checkpoints WHERE id = ?1", params![id])
-            .map_err(sql("delete checkpoint"))?;
-        Ok(())
-    }
-
-    /// A checkpoint by id or name, in any state.
-    pub fn checkpoint(&self, id_or_name: &str) -> Result<Option<CheckpointRecord>> {
-        let c = self.conn();
-        let mut st = c
-            .prepare(&format!("{SELECT_CHECKPOINT} WHERE id = ?1 OR name = ?1"))
-            .map_err(sql("get checkpoint"))?;
-        let row = st
-            .query_row(params![id_or_name], row_to_checkpoint)
-            .optional()
-            .map_err(sql("get checkpoint"))?;
-        row.map(decode_checkpoint).transpose()
-    }
-
-    /// Every checkpoint, in any state, oldest first.
-    pub fn checkpoints(&self) -> Result<Vec<CheckpointRecord>> {
-        let c = self.conn();
-        let mut st = c
-            .prepare(&format!("{SELECT_CHECKPOINT} ORDER BY created_at_ms, id"))
-            .map_err(sql("list checkpoints"))?;
-        let rows = st
-            .query_map([], row_to_checkpoint)
-            .map_err(sql("list checkpoints"))?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.push(decode_checkpoint(r.map_err(sql("list checkpoints"))?)?);
-        }
-        Ok(out)
-    }
-
     pub fn set_session_state(&self, id: &str, state: &str, init_pid: Option<i32>) -> Result<()> {
         self.conn()
             .execute(
@@ -576,45 +458,6 @@ impl Catalog {
         }
         Ok(out)
     }
-}
-
-/// A checkpoint as the catalog stores it. The manifest itself lives next to
-/// the images (`manifest.json`); this copy makes listing cheap.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointRecord {
-    pub id: String,
-    pub name: String,
-    pub session_id: String,
-    /// pending | done | failed
-    pub state: String,
-    pub created_at_ms: i64,
-    pub manifest: serde_json::Value,
-}
-
-const SELECT_CHECKPOINT: &str =
-    "SELECT id, name, session_id, state, created_at_ms, manifest FROM checkpoints";
-
-fn row_to_checkpoint(r: &rusqlite::Row<'_>) -> rusqlite::Result<(CheckpointRecord, String)> {
-    Ok((
-        CheckpointRecord {
-            id: r.get(0)?,
-            name: r.get(1)?,
-            session_id: r.get(2)?,
-            state: r.get(3)?,
-            created_at_ms: r.get(4)?,
-            manifest: serde_json::Value::Null,
-        },
-        r.get(5)?,
-    ))
-}
-
-fn decode_checkpoint((mut rec, manifest): (CheckpointRecord, String)) -> Result<CheckpointRecord> {
-    rec.manifest = serde_json::from_str(&manifest).map_err(|source| CatalogError::Decode {
-        what: "manifest",
-        id: rec.id.clone(),
-        source,
-    })?;
-    Ok(rec)
 }
 
 const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base FROM sessions";
@@ -738,6 +581,24 @@ fn migrate(conn: &Connection) -> Result<()> {
              COMMIT;",
         )
         .map_err(sql("migrate to schema 4"))?;
+    }
+    if version < 5 {
+        // Versions (see versions.rs): every checkpoint made before them was
+        // a full one that a person asked for, so pinned, with both artifacts
+        // its own, and outside any session's numbered history.
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE checkpoints ADD COLUMN version INTEGER;
+             ALTER TABLE checkpoints ADD COLUMN parent TEXT;
+             ALTER TABLE checkpoints ADD COLUMN pinned INTEGER NOT NULL DEFAULT 1;
+             ALTER TABLE checkpoints ADD COLUMN files_of TEXT;
+             ALTER TABLE checkpoints ADD COLUMN process_of TEXT;
+             UPDATE checkpoints SET files_of = id, process_of = id;
+             CREATE UNIQUE INDEX checkpoints_session_version ON checkpoints (session_id, version);
+             PRAGMA user_version = 5;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 5"))?;
     }
     Ok(())
 }
@@ -868,93 +729,6 @@ mod tests {
     }
 
     #[test]
-    fn checkpoints_publish_and_names_are_unique() {
-        let c = Catalog::in_memory().unwrap();
-        let mut r = CheckpointRecord {
-            id: "c1".into(),
-            name: "warm".into(),
-            session_id: "s".into(),
-            state: "pending".into(),
-            created_at_ms: 1,
-            manifest: serde_json::json!({}),
-        };
-        c.insert_checkpoint(&r).unwrap();
-        r.id = "c2".into();
-        assert!(
-            matches!(c.insert_checkpoint(&r), Err(CatalogError::CheckpointNameTaken(n)) if n == "warm")
-        );
-        let shadow = CheckpointRecord {
-            id: "c3".into(),
-            name: "c1".into(),
-            ..r.clone()
-        };
-        assert!(
-            matches!(c.insert_checkpoint(&shadow), Err(CatalogError::NameIsAnId { what: "checkpoint", name }) if name == "c1")
-        );
-        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 1}), "ckpt:c1")
-            .unwrap();
-        let got = c.checkpoint("warm").unwrap().unwrap();
-        assert_eq!(got.state, "done");
-        assert_eq!(got.manifest["format_version"], 1);
-        c.delete_checkpoint("c1").unwrap();
-        assert!(c.checkpoints().unwrap().is_empty());
-    }
-
-    /// Publishing releases exactly the owner's ledger rows, in the same
-    /// transaction; a checkpoint that is not pending is refused and releases
-    /// nothing.
-    #[test]
-    fn publishing_a_checkpoint_releases_its_rows_atomically() {
-        let c = Catalog::in_memory().unwrap();
-        let r = CheckpointRecord {
-            id: "c1".into(),
-            name: "c1".into(),
-            session_id: "s".into(),
-            state: "pending".into(),
-            created_at_ms: 1,
-            manifest: serde_json::json!({}),
-        };
-        c.insert_checkpoint(&r).unwrap();
-        c.record("ckpt:c1", ResourceKind::Dir, "/state/checkpoints/c1")
-            .unwrap();
-        c.record("ckpt:c1", ResourceKind::Subvolume, "/store/checkpoints/c1")
-            .unwrap();
-        c.record("ckpt:c2", ResourceKind::Dir, "/state/checkpoints/c2")
-            .unwrap();
-        // Not there: refused, and no row is released.
-        assert!(matches!(
-            c.publish_checkpoint("nope", &serde_json::json!({}), "ckpt:c1"),
-            Err(CatalogError::NotPending(id)) if id == "nope"
-        ));
-        assert_eq!(c.owned_by("ckpt:c1").unwrap().len(), 2);
-
-        c.publish_checkpoint("c1", &serde_json::json!({"format_version": 2}), "ckpt:c1")
-            .unwrap();
-        let got = c.checkpoint("c1").unwrap().unwrap();
-        assert_eq!(got.state, "done");
-        assert_eq!(got.manifest["format_version"], 2);
-        assert!(c.owned_by("ckpt:c1").unwrap().is_empty());
-        assert_eq!(
-            c.owned_by("ckpt:c2").unwrap().len(),
-            1,
-            "another owner's rows stay"
-        );
-
-        // Published once: a second publish is refused and touches nothing.
-        c.record("ckpt:c1", ResourceKind::Dir, "/state/checkpoints/c1")
-            .unwrap();
-        assert!(matches!(
-            c.publish_checkpoint("c1", &serde_json::json!({}), "ckpt:c1"),
-            Err(CatalogError::NotPending(_))
-        ));
-        assert_eq!(c.owned_by("ckpt:c1").unwrap().len(), 1);
-        assert_eq!(
-            c.checkpoint("c1").unwrap().unwrap().manifest["format_version"],
-            2
-        );
-    }
-
-    #[test]
     fn a_version_1_catalog_is_migrated() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.db");
@@ -964,7 +738,7 @@ mod tests {
                 .unwrap();
         }
         let c = Catalog::open(&p).unwrap();
-        assert!(c.checkpoints().unwrap().is_empty());
+        assert!(c.versions().unwrap().is_empty());
         let v: i64 = c
             .conn()
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -1005,6 +779,7 @@ mod tests {
                      created_at_ms INTEGER NOT NULL, manifest TEXT NOT NULL);
                  INSERT INTO sessions VALUES ('s1', 'old', 'headless', 'default', 'running',
                      'old', 'bridge', '10.9.0.2', NULL, '{}', NULL, 1, 0, NULL);
+                 INSERT INTO checkpoints VALUES ('c1', 'warm', 's1', 'done', 1, '{}');
                  PRAGMA user_version = 2;",
             )
             .unwrap();
@@ -1013,6 +788,14 @@ mod tests {
         let old = c.session("old").unwrap().unwrap();
         assert_eq!(old.egress, "none");
         assert!(!old.privileged);
+        // Schema 5: a checkpoint from before versions is a pinned full one,
+        // outside any numbered history.
+        let ck = c.version("warm").unwrap().unwrap();
+        assert!(ck.pinned);
+        assert_eq!(ck.files_of.as_deref(), Some("c1"));
+        assert_eq!(ck.process_of.as_deref(), Some("c1"));
+        assert_eq!(ck.number, None);
+        assert!(c.session_versions("s1").unwrap().is_empty());
     }
 
     #[test]
@@ -1037,7 +820,9 @@ mod tests {
         let e = Catalog::open(&p).err().unwrap();
         assert_eq!(
             e.to_string(),
-            "catalog schema version 99 is newer than this drums supports (4)"
+            format!(
+                "catalog schema version 99 is newer than this drums supports ({SCHEMA_VERSION})"
+            )
         );
     }
 }

@@ -792,6 +792,7 @@ mod tests {
             origin: None,
             frozen_ms: 1.0,
             dump_ms: 1.0,
+            version: None,
         };
         serde_json::to_vec(&m).unwrap()
     }

@@ -27,7 +27,11 @@ use sha2::{Digest, Sha256};
 ///
 /// 3: the source session's `user_namespace`; a manifest of format 1 or 2
 /// reads as one without (none of those sessions had one).
-pub const FORMAT_VERSION: u32 = 3;
+///
+/// 4: `version`, where the manifest sits in its session's history and which
+/// versions' artifacts it uses; an older manifest reads as a full version
+/// outside any history (what every checkpoint then was).
+pub const FORMAT_VERSION: u32 = 4;
 
 pub mod archive;
 pub mod keys;
@@ -214,9 +218,97 @@ pub struct Manifest {
     /// Time the tree was frozen for, and the dump as a whole.
     pub frozen_ms: f64,
     pub dump_ms: f64,
+    /// Absent before format 4, and in an archive (which always carries a
+    /// full version): the version took both artifacts itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<VersionInfo>,
+}
+
+/// What a version took itself.
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Took {
+    /// Both artifacts, with the tree frozen once.
+    Full,
+    /// A read-only snapshot of the files, under the freezer.
+    Files,
+    /// A CRIU dump of the processes, left running.
+    Process,
+}
+
+impl Took {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Took::Full => "full",
+            Took::Files => "files",
+            Took::Process => "process",
+        }
+    }
+}
+
+/// One artifact's cost, as the benchmark and `drums versions` report it.
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactCost {
+    /// Bytes written: the images' size, or the data the snapshot holds that
+    /// the previous files artifact did not (btrfs' exclusive bytes).
+    pub bytes: u64,
+    /// Time the session's processes were frozen for.
+    pub frozen_ms: f64,
+    /// Time from start to durable.
+    pub total_ms: f64,
+}
+
+/// A version's place in its session's history (see drums_catalog's
+/// versions module for the lifecycle).
+// A change here needs a FORMAT_VERSION bump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// 1, 2, … in its session's history.
+    pub number: u64,
+    /// The version the session was at when this one was taken.
+    pub parent: Option<String>,
+    /// The turn whose end took it (the newest, if several were merged);
+    /// none for a version a person asked for.
+    pub turn: Option<u64>,
+    /// The inspector's class of what it covers (`none`, `files`,
+    /// `processes`, `both`), or `manual`.
+    pub class: String,
+    pub policy: String,
+    pub took: Took,
+    /// Why it took more than the turn's class asked for, if it did.
+    pub reason: Option<String>,
+    /// The version whose files artifact it uses (its own id if it took one).
+    pub files_of: String,
+    /// The version whose process artifact it uses; none under the `files`
+    /// policy, whose versions restore as a cold start on their files.
+    pub process_of: Option<String>,
+    /// The files its process artifact's processes held (open, mapped, cwd),
+    /// as the session sees them: a later files artifact pairs with that
+    /// process artifact only if it changed none of them (CRIU refuses to
+    /// restore a file whose size changed, and a process would see content
+    /// it never wrote).
+    pub held: Vec<String>,
+    /// What it took itself.
+    pub files: Option<ArtifactCost>,
+    pub process: Option<ArtifactCost>,
 }
 
 impl Manifest {
+    /// The version whose files artifact (snapshot) a restore uses.
+    pub fn files_of(&self) -> &str {
+        self.version.as_ref().map_or(&self.id, |v| &v.files_of)
+    }
+
+    /// The version whose process artifact (images) a restore uses.
+    pub fn process_of(&self) -> Option<&str> {
+        match &self.version {
+            None => Some(&self.id),
+            Some(v) => v.process_of.as_deref(),
+        }
+    }
+
     pub fn images_bytes(&self) -> u64 {
         self.images.iter().map(|i| i.size).sum()
     }
@@ -434,6 +526,7 @@ mod tests {
             origin: None,
             frozen_ms: 1.0,
             dump_ms: 2.0,
+            version: None,
         };
         m.write(d.path()).unwrap();
         assert_eq!(Manifest::read(d.path()).unwrap(), m);

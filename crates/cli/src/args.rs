@@ -99,6 +99,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A session's versions: what each turn's end (or checkpoint) took.
+    Versions {
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The same session (name, address, hostname) continues from one of its
+    /// versions: by number or id, the one it is at by default.
+    Rollback {
+        session: String,
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Mark an agent's turn boundaries by hand; `end` prints what the turn did.
     #[command(subcommand)]
     Turn(TurnCommand),
@@ -246,6 +261,15 @@ pub enum TurnCommand {
         session: String,
         #[arg(long)]
         json: bool,
+        /// Take a version of the session as the turn's effects ask.
+        #[arg(long)]
+        checkpoint: bool,
+        /// selective (default), full, files or off.
+        #[arg(long, value_parser = |s: &str| s.parse::<drums_api::Policy>())]
+        policy: Option<drums_api::Policy>,
+        /// Answer once the version is durable.
+        #[arg(long)]
+        wait: bool,
     },
     /// Exclude an agent process living in the session (its pid there), and
     /// its current descendants, from process tracking.

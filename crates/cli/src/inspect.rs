@@ -16,9 +16,20 @@ pub async fn turn(c: &Client, cmd: &TurnCommand) -> Result<i32, Failure> {
                 .await?;
             println!("turn {} of {} begun", b.turn, b.session);
         }
-        TurnCommand::End { session, json } => {
+        TurnCommand::End {
+            session,
+            json,
+            checkpoint,
+            policy,
+            wait,
+        } => {
+            let body = drums_api::EndTurn {
+                checkpoint: *checkpoint,
+                policy: *policy,
+                wait: *wait,
+            };
             let e: TurnEffects = c
-                .json(Method::POST, &path(session, "turn/end"), None::<&()>)
+                .json(Method::POST, &path(session, "turn/end"), Some(&body))
                 .await?;
             print_effects(&e, *json);
         }
@@ -77,6 +88,22 @@ fn print_effects(e: &TurnEffects, json: bool) {
     if json {
         println!("{}", serde_json::to_string(e).expect("serialize"));
         return;
+    }
+    if let Some(ck) = &e.checkpoint {
+        let job = ck.job.as_deref().unwrap_or("-");
+        match &ck.version {
+            Some(v) => println!(
+                "version {} ({}) took {}{}",
+                v.number,
+                v.id,
+                v.took,
+                v.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            None => println!("checkpoint: {} (job {job})", ck.decision),
+        }
     }
     println!(
         "turn {}  {}  {} file(s), {} process(es), {} dirtied  ({:.2} ms)",

@@ -9,5 +9,6 @@ pub mod demo;
 pub mod exit;
 pub mod inspect;
 pub mod table;
+pub mod versions;
 
 pub use args::Cli;

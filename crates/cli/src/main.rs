@@ -66,6 +66,10 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Audit { a, b, json } => commands::audit(&c, a, b, *json).await,
         Command::Inspect { session, json } => inspect::inspect(&c, session, *json).await,
         Command::Turn(cmd) => inspect::turn(&c, cmd).await,
+        Command::Versions { session, json } => drums_cli::versions::list(&c, session, *json).await,
+        Command::Rollback { session, to, json } => {
+            drums_cli::versions::rollback(&c, session, to.as_deref(), *json).await
+        }
         Command::Demo => demo::run(&c).await,
         Command::Bench(BenchCommand::Start { profile, n, json }) => {
             bench::start(&c, profile, *n, *json).await

@@ -30,6 +30,7 @@ impl From<SessionError> for ApiError {
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
             ErrorKind::Forbidden => (StatusCode::FORBIDDEN, "untrusted"),
+            ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {

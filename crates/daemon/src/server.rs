@@ -63,6 +63,10 @@ fn table() -> Vec<Route> {
         route(M::POST, "/v1/sessions/{session}/fork", fork),
         route(M::POST, "/v1/sessions/{session}/turn/begin", turn_begin),
         route(M::POST, "/v1/sessions/{session}/turn/end", turn_end),
+        route(M::GET, "/v1/sessions/{session}/versions", versions),
+        route(M::POST, "/v1/sessions/{session}/rollback", rollback),
+        route(M::GET, "/v1/jobs/{job}", job),
+        route(M::POST, "/v1/jobs/{job}/promote", promote_job),
         route(M::GET, "/v1/sessions/{session}/turns", turns),
         route(M::DELETE, "/v1/sessions/{session}/turns", stop_inspecting),
         route(M::POST, "/v1/sessions/{session}/agent", mark_agent),
@@ -288,8 +292,62 @@ async fn turn_begin(
 async fn turn_end(
     State(m): State<AppState>,
     Path(id): Path<String>,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::EndTurn>,
 ) -> Result<Json<drums_api::TurnEffects>> {
-    Ok(Json(m.turn_end(&id)?))
+    Ok(Json(m.end_turn(&id, &req.unwrap_or_default()).await?))
+}
+
+async fn versions(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::SessionVersions>> {
+    Ok(Json(drums_api::SessionVersions {
+        versions: m.session_versions(&id)?,
+    }))
+}
+
+async fn rollback(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::Rollback>,
+) -> Result<Json<drums_api::Session>> {
+    let req = req.unwrap_or_default();
+    let s = m.rollback(&id, req.to.as_deref()).await?;
+    info!(session = %s.id, to = ?req.to, "session rolled back");
+    Ok(Json(s))
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobQuery {
+    /// Answer once the job has finished.
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn job(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+    q: std::result::Result<
+        axum::extract::Query<JobQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Json<drums_api::Job>> {
+    let axum::extract::Query(q) = q.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("job query: {e}"),
+        )
+    })?;
+    Ok(Json(m.job(&id, q.wait).await?))
+}
+
+async fn promote_job(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::Job>> {
+    Ok(Json(m.promote_job(&id).await?))
 }
 
 async fn mark_agent(

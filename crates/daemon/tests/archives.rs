@@ -75,7 +75,7 @@ fn assert_nothing_kept(d: &TestDaemon, what: &str, canary: &Path) {
     );
     let c = drums_catalog::Catalog::open(&state.join("catalog.db")).unwrap();
     assert!(
-        c.checkpoints().unwrap().is_empty(),
+        c.versions().unwrap().is_empty(),
         "{what}: checkpoint row left"
     );
     let rows: Vec<_> = c

@@ -48,10 +48,10 @@ fn session_count(d: &TestDaemon) -> usize {
     l.sessions.len()
 }
 
-fn catalog_checkpoints(d: &TestDaemon) -> Vec<drums_catalog::CheckpointRecord> {
+fn catalog_checkpoints(d: &TestDaemon) -> Vec<drums_catalog::VersionRecord> {
     drums_catalog::Catalog::open(&d.state.path().join("catalog.db"))
         .unwrap()
-        .checkpoints()
+        .versions()
         .unwrap()
 }
 

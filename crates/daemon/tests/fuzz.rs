@@ -152,7 +152,7 @@ fn assert_nothing_left(d: &TestDaemon) {
     let sessions: Vec<_> = c.sessions().unwrap().into_iter().map(|s| s.id).collect();
     assert!(sessions.is_empty(), "session rows left: {sessions:?}");
     let cks: Vec<_> = c
-        .checkpoints()
+        .versions()
         .unwrap()
         .into_iter()
         .map(|c| format!("{} {} ({})", c.id, c.name, c.state))

@@ -118,6 +118,7 @@ impl Watch {
             processes,
             dirtied,
             latency_us: 0,
+            checkpoint: None,
         }
     }
 

@@ -24,7 +24,7 @@ use std::process::Stdio;
 
 use bytes::Bytes;
 use drums_api::Checkpoint;
-use drums_catalog::{CatalogError, CheckpointRecord, ResourceKind};
+use drums_catalog::{CatalogError, ResourceKind, VersionRecord};
 use drums_checkpoint::archive::{self, ArchiveError, Trust};
 use drums_checkpoint::keys::{self, HostKey};
 use drums_checkpoint::Manifest;
@@ -72,10 +72,19 @@ impl Manager {
 
     /// Start writing the signed archive of a published checkpoint.
     pub fn export(&self, id_or_name: &str) -> Result<ExportStream, SessionError> {
-        let (ck, _) = self.manifest(id_or_name)?;
+        let (ck, m) = self.manifest(id_or_name)?;
         let key = self.host_key()?;
         let dir = self.checkpoint_dir(&ck.id);
-        let snap = self.checkpoint_snapshot(&ck.id);
+        // A selective version's artifacts may be an earlier version's: the
+        // archive holds them all, and an import makes it a full checkpoint.
+        let process_of = m.process_of().ok_or_else(|| {
+            SessionError::Conflict(format!(
+                "version {} holds files only (the files policy): there are no processes to export",
+                ck.id
+            ))
+        })?;
+        let images_dir = self.checkpoint_dir(process_of);
+        let snap = self.checkpoint_snapshot(m.files_of());
         let fault = self.faults.check("export.tar").err().map(|e| e.to_string());
         let mut child = std::process::Command::new("tar")
             .arg("--create")
@@ -89,6 +98,8 @@ impl Manager {
             .arg("-C")
             .arg(&dir)
             .arg("manifest.json")
+            .arg("-C")
+            .arg(&images_dir)
             .arg("images")
             .arg("-C")
             .arg(&snap)
@@ -193,7 +204,7 @@ impl Manager {
             // extracted.
             check_manifest(&m)?;
             self.check_usable_here(&m)?;
-            if self.catalog.checkpoint(&m.name)?.is_some() {
+            if self.catalog.version(&m.name)?.is_some() {
                 return Err(CatalogError::CheckpointNameTaken(m.name.clone()).into());
             }
 
@@ -230,18 +241,26 @@ impl Manager {
             id: id.clone(),
             origin: Some(theirs.id.clone()),
             format_version: drums_checkpoint::FORMAT_VERSION,
+            // Here it is a full checkpoint, outside any session's history:
+            // the ids its history named are the exporting host's.
+            version: None,
             ..theirs
         };
         let images = staging.join("images");
-        let ck = CheckpointRecord {
+        let ck = VersionRecord {
             id: id.clone(),
             name: m.name.clone(),
             session_id: m.session.id.clone(),
             state: "pending".into(),
             created_at_ms: m.created_at_ms,
             manifest: serde_json::Value::Null,
+            number: None,
+            parent: None,
+            pinned: true,
+            files_of: None,
+            process_of: None,
         };
-        self.catalog.insert_checkpoint(&ck)?;
+        self.catalog.insert_version(&ck)?;
         let owner = format!("ckpt:{id}");
         let result = async {
             let dir = self.checkpoint_dir(&id);
@@ -271,9 +290,11 @@ impl Manager {
             )?;
             m.write(&dir)?;
             drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
-            self.catalog.publish_checkpoint(
+            self.catalog.publish_version(
                 &id,
                 &serde_json::to_value(&m).expect("manifest serializes"),
+                &id,
+                Some(&id),
                 &owner,
             )?;
             Ok(to_api(&m))
@@ -283,7 +304,7 @@ impl Manager {
             if let Err(t) = teardown::remove_owned(self, &owner).await {
                 warn!("clean up failed import {id}: {}", crate::error_chain(&t));
             } else {
-                self.catalog.delete_checkpoint(&id)?;
+                self.catalog.delete_version(&id)?;
             }
         }
         result

@@ -7,14 +7,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use drums_api::{Checkpoint, CreateCheckpoint};
-use drums_catalog::{CheckpointRecord, ResourceKind};
-use drums_checkpoint::{Manifest, SourceSession, FORMAT_VERSION};
+use drums_catalog::{ResourceKind, VersionRecord};
+use drums_checkpoint::{ArtifactCost, Manifest, SourceSession, Took, VersionInfo, FORMAT_VERSION};
 use tracing::warn;
 
-use crate::create::random_hex;
 use crate::manager::Manager;
 use crate::spec::validate_name_of;
-use crate::{io, teardown, SessionError};
+use crate::{io, SessionError};
 
 /// The bind mount of drums' binaries inside every session, declared external
 /// to CRIU: it comes from the host and is re-bound on restore, never dumped.
@@ -41,6 +40,22 @@ pub fn external_mounts_restore(bin_dir: &std::path::Path) -> Vec<(String, PathBu
     v
 }
 
+/// What one version takes, decided by crate::versions::pair.
+pub(crate) struct Plan {
+    pub took: Took,
+    pub clean: bool,
+    pub leave_running: bool,
+    /// The version the session is at: what a selective artifact pairs with.
+    pub head: Option<Manifest>,
+    /// The history fields; the artifact fields are filled in as they are made.
+    pub info: VersionInfo,
+}
+
+struct DumpReport {
+    frozen_ms: f64,
+    dump_ms: f64,
+}
+
 /// How often a dump is tried when a netlink socket had unread messages.
 const DUMP_ATTEMPTS: u32 = 3;
 /// CRIU's error for that case (criu/sk-netlink.c).
@@ -55,177 +70,178 @@ impl Manager {
         self.store_root.join("checkpoints").join(id)
     }
 
-    pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
-        let (rec, pid) = self.running(&req.session)?;
+    /// `drums checkpoint`: a full version of the session that a person
+    /// pinned (and named), taken by the engine like every version, at high
+    /// priority since the caller waits for it.
+    pub async fn checkpoint(
+        self: &std::sync::Arc<Self>,
+        req: &CreateCheckpoint,
+    ) -> Result<Checkpoint, SessionError> {
+        let (rec, _) = self.running(&req.session)?;
         if let Some(n) = &req.name {
             validate_name_of("checkpoint", n)?;
         }
-        let id = random_hex(6);
-        let ck = CheckpointRecord {
-            id: id.clone(),
-            name: req.name.clone().unwrap_or_else(|| id.clone()),
+        let job = crate::versions::VersionJob {
+            manager: std::sync::Arc::downgrade(self),
             session_id: rec.id.clone(),
-            state: "pending".into(),
-            created_at_ms: drums_catalog::now_ms(),
-            manifest: serde_json::Value::Null,
+            turn: None,
+            class: "manual".into(),
+            policy: drums_api::Policy::Full,
+            wanted: Took::Full,
+            changed: Default::default(),
+            // Unnamed, it is still pinned: named after its id.
+            name: Some(req.name.clone().unwrap_or_default()),
+            clean: req.clean,
+            leave_running: req.leave_running,
         };
-        self.catalog.insert_checkpoint(&ck)?;
-        let owner = format!("ckpt:{id}");
-        let aside = self.inspect_set_aside(&rec.name);
-        let result = self.dump_and_publish(&rec, &ck, &owner, pid, req).await;
+        let submitted = self
+            .engine
+            .submit(job, drums_engine::Priority::High)
+            .await?;
+        let m = crate::versions::outcome(self.engine.wait(submitted.id).await?)?;
+        Ok(to_api(&m))
+    }
+
+    /// Take what `plan` says into `ver`'s directory and snapshot, and write
+    /// its manifest durably. Publishing is the caller's.
+    pub(crate) async fn make_version(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        pid: i32,
+        ver: &VersionRecord,
+        owner: &str,
+        plan: Plan,
+    ) -> Result<Manifest, SessionError> {
+        let dumps = plan.took != Took::Files;
+        let aside = dumps && self.inspect_set_aside(&rec.name);
+        let result = self.take(rec, pid, ver, owner, plan).await;
         match &result {
             Err(_) if aside => self.inspect_checkpoint_failed(&rec.name),
-            Ok(_) if aside && req.leave_running => self.inspect_resumed(&rec.name),
+            Ok(m) if aside && m.leave_running => self.inspect_resumed(&rec.name),
             _ => {}
         }
         result
     }
 
-    async fn dump_and_publish(
-        &self,
-        rec: &drums_catalog::SessionRecord,
-        ck: &CheckpointRecord,
-        owner: &str,
-        pid: i32,
-        req: &CreateCheckpoint,
-    ) -> Result<Checkpoint, SessionError> {
-        let id = &ck.id;
-        match self.dump(rec, pid, ck, owner, req).await {
-            Ok(m) => {
-                // Published, and in the same transaction the checkpoint row
-                // takes over its directory and snapshot from the ledger.
-                self.catalog.publish_checkpoint(
-                    id,
-                    &serde_json::to_value(&m).expect("manifest serializes"),
-                    owner,
-                )?;
-                if !req.leave_running {
-                    // CRIU killed the tree after dumping it; remove the rest.
-                    self.remove(&rec.id).await?;
-                }
-                Ok(to_api(&m))
-            }
-            Err(e) => {
-                if let Err(t) = teardown::remove_owned(self, owner).await {
-                    warn!(
-                        "clean up failed checkpoint {id}: {}",
-                        crate::error_chain(&t)
-                    );
-                } else {
-                    self.catalog.delete_checkpoint(id)?;
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn dump(
+    async fn take(
         &self,
         rec: &drums_catalog::SessionRecord,
         pid: i32,
-        ck: &CheckpointRecord,
+        ver: &VersionRecord,
         owner: &str,
-        req: &CreateCheckpoint,
+        plan: Plan,
     ) -> Result<Manifest, SessionError> {
+        let started = Instant::now();
         self.faults.check("checkpoint.dir")?;
-        let dir = self.checkpoint_dir(&ck.id);
+        let dir = self.checkpoint_dir(&ver.id);
         self.catalog
             .record(owner, ResourceKind::Dir, &dir.display().to_string())?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images).map_err(io("create", &images))?;
-        let snap = self.checkpoint_snapshot(&ck.id);
+        let snap = self.checkpoint_snapshot(&ver.id);
         std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
-        // Recorded before CRIU runs: the snapshot is made inside its callback.
-        self.catalog
-            .record(owner, ResourceKind::Subvolume, &snap.display().to_string())?;
-        let upper = self.store_root.join("sessions").join(&rec.id);
-
-        self.faults.check("checkpoint.criu")?;
-        let snapshot_fault = self
-            .faults
-            .check("checkpoint.snapshot")
-            .err()
-            .map(|e| e.to_string());
-        let opts = drums_criu::DumpOpts {
-            pid,
-            images_dir: images.clone(),
-            leave_running: req.leave_running,
-            // Not the v1 freezer: CRIU polls its state every 100 ms, so the
-            // freeze alone cost 100 ms of frozen time. Seizing a session's few
-            // processes with ptrace takes a few ms.
-            freeze_cgroup: None,
-            external_mounts: external_mounts_dump(),
-            network_lock: network_lock(&rec.network),
-            tcp_established: false,
-        };
-        let started = Instant::now();
-        let mut attempt = 1;
-        let report = loop {
-            let (criu, opts) = (self.criu.clone(), opts.clone());
-            let (upper, target, snapshot_fault) =
-                (upper.clone(), snap.clone(), snapshot_fault.clone());
-            let (inspector, name) = (self.inspector(), rec.name.clone());
-            let result = tokio::task::spawn_blocking(move || {
-                criu.dump(&opts, &mut |script, _pid| {
-                    // The tree stays frozen until this returns: the one moment
-                    // files and processes agree.
-                    if script == drums_criu::script::POST_DUMP {
-                        if let Some(f) = &snapshot_fault {
-                            return Err(f.clone());
-                        }
-                        // In the sessions' qgroup, so siblings snapshotted
-                        // from it join a group their source is already in and
-                        // the kernel never has to rescan.
-                        let inherit = drums_store::QgroupInherit::session(None);
-                        drums_store::snapshot_with(&upper, &target, true, &inherit)
-                            .map_err(|e| crate::error_chain(&e))?;
-                        // Files and processes are now in the checkpoint: the
-                        // inspector starts over from here.
-                        if let Err(e) = inspector.checkpointed(&name) {
-                            warn!("inspector: {name}: {e}");
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .await
-            .expect("dump task does not panic");
-            match result {
-                // CRIU cannot dump a netlink socket with unread messages. A
-                // browser's route-monitoring socket gets one whenever the
-                // session's network changes (an IPv6 address finishing its
-                // duplicate check, a second or two after a start or restore);
-                // the failed dump thawed the tree, the browser reads it, and
-                // the next attempt finds the queue empty.
-                Err(e)
-                    if attempt < DUMP_ATTEMPTS
-                        && crate::error_chain(&e).contains(NETLINK_BUSY)
-                        && !snap.exists() =>
-                {
-                    warn!("checkpoint {}: {NETLINK_BUSY}; dumping again", ck.id);
-                    attempt += 1;
-                    std::fs::remove_dir_all(&images).map_err(io("clear", &images))?;
-                    std::fs::create_dir_all(&images).map_err(io("create", &images))?;
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let mut info = plan.info;
+        info.took = plan.took;
+        let (report, files_cost) = match plan.took {
+            Took::Files => {
+                // Recorded before it is made, like every subvolume.
+                self.catalog
+                    .record(owner, ResourceKind::Subvolume, &snap.display().to_string())?;
+                self.faults.check("checkpoint.snapshot")?;
+                let mut cost = self.files_artifact(rec, &snap).await?;
+                cost.bytes = self.files_bytes(&snap, plan.head.as_ref());
+                (None, Some(cost))
+            }
+            Took::Full | Took::Process => {
+                let full = plan.took == Took::Full;
+                if full {
+                    self.catalog.record(
+                        owner,
+                        ResourceKind::Subvolume,
+                        &snap.display().to_string(),
+                    )?;
                 }
-                other => break other?,
+                let (report, held) = self
+                    .dump(
+                        rec,
+                        pid,
+                        &ver.id,
+                        &images,
+                        full.then_some(&snap),
+                        plan.leave_running,
+                    )
+                    .await?;
+                info.held = held;
+                (Some(report), None)
             }
         };
-        let frozen_ms = report
-            .frozen_at_most
-            .map(|d| d.as_secs_f64() * 1e3)
-            .unwrap_or(0.0);
-        let dump_ms = started.elapsed().as_secs_f64() * 1e3;
-
-        let images_dir = images.clone();
-        let files = tokio::task::spawn_blocking(move || drums_checkpoint::seal_images(&images_dir))
-            .await
-            .expect("seal task does not panic")?;
+        self.engine_faults()?;
+        self.catalog.set_version_state(&ver.id, "versioning")?;
+        let head = plan.head.as_ref();
+        let (images_list, frozen_ms, dump_ms) = match &report {
+            Some(r) => {
+                let images_dir = images.clone();
+                let files =
+                    tokio::task::spawn_blocking(move || drums_checkpoint::seal_images(&images_dir))
+                        .await
+                        .expect("seal task does not panic")?;
+                (files, r.frozen_ms, r.dump_ms)
+            }
+            // A files artifact restores with the head's process images.
+            None => (
+                head.map(|h| h.images.clone()).unwrap_or_default(),
+                files_cost.map_or(0.0, |c| c.frozen_ms),
+                0.0,
+            ),
+        };
+        let own = ver.id.clone();
+        match plan.took {
+            Took::Full => {
+                info.files_of = own.clone();
+                info.process_of = Some(own.clone());
+            }
+            Took::Process => {
+                info.files_of = head.map_or(own.clone(), |h| h.files_of().to_owned());
+                info.process_of = Some(own.clone());
+            }
+            Took::Files => {
+                info.files_of = own.clone();
+                info.process_of = if info.policy == drums_api::Policy::Files.as_str() {
+                    None
+                } else {
+                    head.and_then(|h| h.process_of().map(str::to_owned))
+                };
+                info.held = head
+                    .and_then(|h| h.version.as_ref())
+                    .map(|v| v.held.clone())
+                    .unwrap_or_default();
+            }
+        }
+        let total_ms = started.elapsed().as_secs_f64() * 1e3;
+        let images_bytes: u64 = images_list.iter().map(|i| i.size).sum();
+        if let Some(r) = &report {
+            info.process = Some(ArtifactCost {
+                bytes: images_bytes,
+                frozen_ms: r.frozen_ms,
+                total_ms,
+            });
+            if plan.took == Took::Full {
+                info.files = Some(ArtifactCost {
+                    bytes: self.files_bytes(&snap, head),
+                    frozen_ms: r.frozen_ms,
+                    total_ms,
+                });
+            }
+        }
+        if let Some(mut c) = files_cost {
+            c.total_ms = total_ms;
+            info.files = Some(c);
+        }
         let m = Manifest {
             format_version: FORMAT_VERSION,
-            id: ck.id.clone(),
-            name: ck.name.clone(),
-            created_at_ms: ck.created_at_ms,
+            id: ver.id.clone(),
+            name: ver.name.clone(),
+            created_at_ms: ver.created_at_ms,
             session: SourceSession {
                 id: rec.id.clone(),
                 name: rec.name.clone(),
@@ -240,23 +256,176 @@ impl Manager {
                 user_namespace: rec.id_base.is_some(),
             },
             host: self.host.clone(),
-            clean: req.clean,
-            leave_running: req.leave_running,
-            images: files,
+            clean: plan.clean,
+            leave_running: plan.leave_running,
+            images: images_list,
             origin: None,
             frozen_ms,
             dump_ms,
+            version: Some(info),
         };
         m.write(&dir)?;
         drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
         Ok(m)
     }
 
-    /// Published checkpoints, oldest first.
+    /// The file data a files artifact wrote: what its snapshot holds in
+    /// extents newer than the previous files artifact (all of it without
+    /// one). Metadata is not counted; a failure to count counts nothing.
+    fn files_bytes(&self, snap: &std::path::Path, head: Option<&Manifest>) -> u64 {
+        let since = head
+            .and_then(|h| drums_store::subvolume_info(&self.checkpoint_snapshot(h.files_of())).ok())
+            .map_or(0, |i| i.created);
+        drums_store::written_since(snap, since).map_or(0, |w| w.bytes)
+    }
+
+    /// The fault point between the artifacts and the manifest.
+    fn engine_faults(&self) -> Result<(), SessionError> {
+        self.faults.check("version.manifest")
+    }
+
+    /// A read-only snapshot of the session's subvolume, taken while its
+    /// cgroup is frozen (the unified hierarchy's `cgroup.freeze`, measured
+    /// fastest: docs/engine.md), so no write is torn.
+    async fn files_artifact(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        snap: &std::path::Path,
+    ) -> Result<ArtifactCost, SessionError> {
+        let upper = self.store_root.join("sessions").join(&rec.id);
+        let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        let target = snap.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let frozen = cg.freeze(drums_cgroup::FreezeMethod::V2)?;
+            let inherit = drums_store::QgroupInherit::session(None);
+            let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
+            // Thawed whatever the snapshot did.
+            let thawed = frozen.thaw();
+            let frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
+            made?;
+            thawed?;
+            Ok::<_, SessionError>(ArtifactCost {
+                bytes: 0,
+                frozen_ms,
+                total_ms: frozen_ms,
+            })
+        })
+        .await
+        .expect("snapshot task does not panic")
+    }
+
+    /// A CRIU dump of the session into `images`; with `snap`, the files
+    /// artifact too, in CRIU's post-dump notification while the tree is
+    /// still frozen. Returns the report and the files the tree held.
+    async fn dump(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        pid: i32,
+        id: &str,
+        images: &std::path::Path,
+        snap: Option<&std::path::Path>,
+        leave_running: bool,
+    ) -> Result<(DumpReport, Vec<String>), SessionError> {
+        let upper = self.store_root.join("sessions").join(&rec.id);
+        self.faults.check("checkpoint.criu")?;
+        let snapshot_fault = self
+            .faults
+            .check("checkpoint.snapshot")
+            .err()
+            .map(|e| e.to_string());
+        let opts = drums_criu::DumpOpts {
+            pid,
+            images_dir: images.to_owned(),
+            leave_running,
+            // Not the v1 freezer: CRIU polls its state every 100 ms, so the
+            // freeze alone cost 100 ms of frozen time. Seizing a session's few
+            // processes with ptrace takes a few ms.
+            freeze_cgroup: None,
+            external_mounts: external_mounts_dump(),
+            network_lock: network_lock(&rec.network),
+            tcp_established: false,
+        };
+        let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        let started = Instant::now();
+        let mut attempt = 1;
+        let (report, held) = loop {
+            let (criu, opts) = (self.criu.clone(), opts.clone());
+            let (upper, target, snapshot_fault) = (
+                upper.clone(),
+                snap.map(|s| s.to_owned()),
+                snapshot_fault.clone(),
+            );
+            let (inspector, name, cg) = (self.inspector(), rec.name.clone(), cg.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                let mut held = Vec::new();
+                let r = criu.dump(&opts, &mut |script, _pid| {
+                    // The tree stays frozen until this returns: the one moment
+                    // files and processes agree.
+                    if script == drums_criu::script::POST_DUMP {
+                        held = crate::versions::held_paths(&cg.pids().unwrap_or_default());
+                        if let Some(target) = &target {
+                            if let Some(f) = &snapshot_fault {
+                                return Err(f.clone());
+                            }
+                            // In the sessions' qgroup, so siblings snapshotted
+                            // from it join a group their source is already in and
+                            // the kernel never has to rescan.
+                            let inherit = drums_store::QgroupInherit::session(None);
+                            drums_store::snapshot_with(&upper, target, true, &inherit)
+                                .map_err(|e| crate::error_chain(&e))?;
+                        }
+                        // What the tree did is now in the version: the
+                        // inspector starts over from here.
+                        if let Err(e) = inspector.checkpointed(&name) {
+                            warn!("inspector: {name}: {e}");
+                        }
+                    }
+                    Ok(())
+                });
+                r.map(|report| (report, held))
+            })
+            .await
+            .expect("dump task does not panic");
+            match result {
+                // CRIU cannot dump a netlink socket with unread messages. A
+                // browser's route-monitoring socket gets one whenever the
+                // session's network changes (an IPv6 address finishing its
+                // duplicate check, a second or two after a start or restore);
+                // the failed dump thawed the tree, the browser reads it, and
+                // the next attempt finds the queue empty.
+                Err(e)
+                    if attempt < DUMP_ATTEMPTS
+                        && crate::error_chain(&e).contains(NETLINK_BUSY)
+                        && !snap.is_some_and(|s| s.exists()) =>
+                {
+                    warn!("version {id}: {NETLINK_BUSY}; dumping again");
+                    attempt += 1;
+                    std::fs::remove_dir_all(images).map_err(io("clear", images))?;
+                    std::fs::create_dir_all(images).map_err(io("create", images))?;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => break other?,
+            }
+        };
+        let frozen_ms = report
+            .frozen_at_most
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0);
+        Ok((
+            DumpReport {
+                frozen_ms,
+                dump_ms: started.elapsed().as_secs_f64() * 1e3,
+            },
+            held,
+        ))
+    }
+
+    /// Published checkpoints (pinned versions), oldest first.
     pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, SessionError> {
         let mut out = Vec::new();
-        for c in self.catalog.checkpoints()? {
-            if c.state == "done" {
+        for c in self.catalog.versions()? {
+            if c.state == "done" && c.pinned {
                 if let Ok(m) = serde_json::from_value::<Manifest>(c.manifest) {
                     out.push(to_api(&m));
                 }
@@ -269,42 +438,36 @@ impl Manager {
         Ok(to_api(&self.manifest(id_or_name)?.1))
     }
 
-    /// A published checkpoint's record and manifest (read from disk, so what a
+    /// A done version's record and manifest (read from disk, so what a
     /// restore uses is what is there).
     pub(crate) fn manifest(
         &self,
         id_or_name: &str,
-    ) -> Result<(CheckpointRecord, Manifest), SessionError> {
+    ) -> Result<(VersionRecord, Manifest), SessionError> {
         let ck = self
             .catalog
-            .checkpoint(id_or_name)?
+            .version(id_or_name)?
             .filter(|c| c.state == "done")
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
         let m = Manifest::read(&self.checkpoint_dir(&ck.id))?;
         Ok((ck, m))
     }
 
-    /// `drums checkpoint rm`: the images, the snapshot, then the record.
+    /// `drums checkpoint rm`: the record, then its artifacts unless a later
+    /// version of its session still uses them.
     pub async fn remove_checkpoint(&self, id_or_name: &str) -> Result<(), SessionError> {
         let ck = self
             .catalog
-            .checkpoint(id_or_name)?
+            .version(id_or_name)?
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
-        let owner = format!("ckpt:{}", ck.id);
-        self.catalog.record(
-            &owner,
-            ResourceKind::Dir,
-            &self.checkpoint_dir(&ck.id).display().to_string(),
-        )?;
-        self.catalog.record(
-            &owner,
-            ResourceKind::Subvolume,
-            &self.checkpoint_snapshot(&ck.id).display().to_string(),
-        )?;
-        self.catalog.set_checkpoint_state(&ck.id, "removing")?;
-        teardown::remove_owned(self, &owner).await?;
-        self.catalog.delete_checkpoint(&ck.id)?;
-        Ok(())
+        if drums_catalog::IN_FLIGHT.contains(&ck.state.as_str()) {
+            return Err(SessionError::Conflict(format!(
+                "checkpoint {} is still being made ({})",
+                ck.name, ck.state
+            )));
+        }
+        self.catalog.set_version_state(&ck.id, "removing")?;
+        self.drop_version(&ck).await
     }
 }
 

@@ -218,7 +218,7 @@ impl Manager {
 
     /// Ready means the guest agent answers its health check. The socket appears
     /// only when the agent listens, so a failed connect costs microseconds.
-    async fn wait_ready(&self, id: &str, pid: i32) -> Result<(), SessionError> {
+    pub(crate) async fn wait_ready(&self, id: &str, pid: i32) -> Result<(), SessionError> {
         let client = guest_client(pid);
         let start = Instant::now();
         loop {

@@ -23,8 +23,12 @@ pub const CREATE_POINTS: &[&str] = &[
 ];
 
 /// Every point a checkpoint can be failed at.
-pub const CHECKPOINT_POINTS: &[&str] =
-    &["checkpoint.dir", "checkpoint.criu", "checkpoint.snapshot"];
+pub const CHECKPOINT_POINTS: &[&str] = &[
+    "checkpoint.dir",
+    "checkpoint.criu",
+    "checkpoint.snapshot",
+    "version.manifest",
+];
 
 /// Every point a restore can be failed at, per sibling.
 pub const RESTORE_POINTS: &[&str] = &[

@@ -9,7 +9,7 @@ use crate::{Manager, SessionError};
 /// What `GET /v1/sessions/{session}/turns` streams.
 #[derive(Debug, Clone)]
 pub enum TurnNews {
-    Ended(TurnEffects),
+    Ended(Box<TurnEffects>),
     /// The session was removed: its stream ends.
     Gone(String),
     /// The daemon is shutting down: every stream ends, so that the server's
@@ -59,7 +59,7 @@ impl Manager {
     pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
         let rec = self.record(id_or_name)?;
         let effects = self.inspector.turn_end(&rec.name)?;
-        let _ = self.turns.send(TurnNews::Ended(effects.clone()));
+        let _ = self.turns.send(TurnNews::Ended(Box::new(effects.clone())));
         Ok(effects)
     }
 

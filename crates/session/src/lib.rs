@@ -22,6 +22,7 @@ pub mod process;
 pub mod restore;
 pub mod spec;
 pub mod teardown;
+pub mod versions;
 
 pub use manager::{Manager, ManagerConfig};
 
@@ -36,6 +37,8 @@ pub enum ErrorKind {
     Conflict,
     /// Refused for lack of trust (an unsigned archive, an unknown signer).
     Forbidden,
+    /// The host is busy (the checkpoint engine's queues are full): retry.
+    Unavailable,
     Internal,
 }
 
@@ -107,6 +110,14 @@ pub enum SessionError {
     },
     #[error("remove session {id}: {failures}")]
     Teardown { id: String, failures: String },
+    /// The request conflicts with the state of what it names.
+    #[error("{0}")]
+    Conflict(String),
+    /// A version's job failed; every waiter of it gets the same error.
+    #[error(transparent)]
+    Version(std::sync::Arc<SessionError>),
+    #[error("checkpoint engine")]
+    Engine(#[from] drums_engine::EngineError),
 }
 
 impl SessionError {
@@ -152,6 +163,16 @@ impl SessionError {
                 ErrorKind::Internal
             }
             SessionError::Archive(_) => ErrorKind::BadRequest,
+            SessionError::Conflict(_) => ErrorKind::Conflict,
+            SessionError::Version(e) => e.kind(),
+            SessionError::Engine(e) => match e {
+                drums_engine::EngineError::Busy { .. } | drums_engine::EngineError::ShutDown => {
+                    ErrorKind::Unavailable
+                }
+                drums_engine::EngineError::UnknownJob(_) => ErrorKind::NotFound,
+                drums_engine::EngineError::BadJobId { .. } => ErrorKind::BadRequest,
+                _ => ErrorKind::Internal,
+            },
             _ => ErrorKind::Internal,
         }
     }

@@ -83,6 +83,9 @@ pub struct Manager {
     pub(crate) turns: tokio::sync::broadcast::Sender<crate::inspect::TurnNews>,
     /// The defaults and bounds every request and manifest is held to.
     pub(crate) limits: crate::limits::LimitPolicy,
+    /// The host's checkpoint scheduler: every version of every session.
+    pub(crate) engine: drums_engine::Scheduler<crate::versions::VersionJob>,
+    pub(crate) positions: crate::versions::Positions,
 }
 
 /// The disk quota a session gets when neither its request nor drumsd's config
@@ -186,6 +189,8 @@ impl Manager {
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
             limits,
+            engine: drums_engine::Scheduler::new(drums_engine::Config::default())?,
+            positions: Default::default(),
         };
         m.sweep().await;
 
@@ -289,12 +294,19 @@ impl Manager {
                 }
             }
         }
-        // Checkpoints that never got published: their parts went with their
-        // ledger rows just above.
-        if let Ok(cks) = self.catalog.checkpoints() {
-            for c in cks.into_iter().filter(|c| c.state != "done") {
-                info!(checkpoint = %c.id, state = %c.state, "sweep: dropping an unpublished checkpoint");
-                let _ = self.catalog.delete_checkpoint(&c.id);
+        // Versions that never got published: their parts went with their
+        // ledger rows just above. A removal that a crash interrupted is
+        // finished.
+        if let Ok(vs) = self.catalog.versions() {
+            for v in vs {
+                if drums_catalog::IN_FLIGHT.contains(&v.state.as_str()) {
+                    info!(version = %v.id, state = %v.state, "sweep: dropping an unpublished version");
+                    let _ = self.catalog.delete_version(&v.id);
+                } else if v.state == "removing" {
+                    if let Err(e) = self.drop_version(&v).await {
+                        warn!("sweep: {}", crate::error_chain(&e));
+                    }
+                }
             }
         }
         // Cgroups under our parent that no ledger row names (belt and braces:
@@ -402,7 +414,11 @@ impl Manager {
     async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
         self.catalog.set_session_state(&rec.id, "removing", None)?;
         self.forget_turns(&rec.name);
+        // Its queued versions are dropped; a running one finishes first.
+        self.engine.cancel_session(&rec.id).await;
         teardown::remove_owned(self, &rec.id).await?;
+        // Its history goes with it, but for what a person pinned.
+        self.drop_history(&rec.id).await?;
         self.catalog.delete_session(&rec.id)?;
         Ok(())
     }
@@ -412,6 +428,8 @@ impl Manager {
     /// `ip_forward` as drumsd found it.
     pub async fn shutdown(&self) -> Result<(), SessionError> {
         let mut first_err = None;
+        // Queued versions are dropped, running ones finish.
+        self.engine.shutdown().await;
         for s in self.catalog.sessions()? {
             if let Err(e) = self.remove_record(&s).await {
                 warn!("shutdown: {}", crate::error_chain(&e));

@@ -54,13 +54,14 @@ impl Manager {
         let (ck, m) = self.manifest(checkpoint)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host)?;
-        let images = self.checkpoint_dir(&ck.id).join("images");
+        let process_of = process_artifact(&m)?;
+        let images = self.checkpoint_dir(process_of).join("images");
         let newest = drums_checkpoint::check_sizes(&images, &m.images)?;
         let known = self
             .verified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&ck.id)
+            .get(process_of)
             == Some(&newest);
         if !known {
             let list = m.images.clone();
@@ -70,7 +71,7 @@ impl Manager {
             self.verified
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(ck.id.clone(), newest);
+                .insert(process_of.to_owned(), newest);
         }
         // Before anything is made: the siblings' limits, the checkpoint's own
         // with today's defaults where it names none.
@@ -162,8 +163,21 @@ impl Manager {
         // of its own (see crate::ids).
         let ids = m.session.user_namespace.then_some(crate::ids::POOL);
         let rec = self.catalog.insert_session(rec, pool, ids)?;
-        let built = self.build_sibling(&rec, m, limits, lower).await;
+        let built = self.build_sibling(&rec, m, limits, lower, true).await;
         self.settle(&rec, built).await
+    }
+
+    /// A rollback's restore: the session's own record, its own identity in
+    /// the images, so no hygiene; ready when its guest (and desktop) is.
+    pub(crate) async fn rebuild(
+        &self,
+        rec: &SessionRecord,
+        m: &Manifest,
+        limits: &drums_api::Limits,
+        lower: &std::path::Path,
+    ) -> Result<i32, SessionError> {
+        process_artifact(m)?;
+        self.build_sibling(rec, m, limits, lower, false).await
     }
 
     async fn build_sibling(
@@ -172,6 +186,7 @@ impl Manager {
         m: &Manifest,
         limits: &drums_api::Limits,
         lower: &std::path::Path,
+        hygiene: bool,
     ) -> Result<i32, SessionError> {
         let id = &rec.id;
         let record = |kind, key: &str| self.catalog.record(id, kind, key);
@@ -184,7 +199,7 @@ impl Manager {
         self.faults.check("restore.snapshot")?;
         let sv = self.store_root.join("sessions").join(id);
         record(ResourceKind::Subvolume, &sv.display().to_string())?;
-        let (src, dst) = (self.checkpoint_snapshot(&m.id), sv.clone());
+        let (src, dst) = (self.checkpoint_snapshot(m.files_of()), sv.clone());
         // The sibling's own quota, set in the snapshot ioctl itself: the same
         // budget for new writes as its checkpoint's session had.
         let inherit = drums_store::QgroupInherit::session(limits.disk_bytes);
@@ -252,7 +267,7 @@ impl Manager {
                 .map_err(drums_net::NetError::from)?;
         }
         let images_dir = sibling_images(
-            &self.checkpoint_dir(&m.id).join("images"),
+            &self.checkpoint_dir(process_artifact(m)?).join("images"),
             &dir,
             rec.id_base,
         )?;
@@ -314,7 +329,14 @@ impl Manager {
         self.release_host_root(id, &root)?;
 
         self.faults.check("restore.hygiene")?;
-        self.hygiene(rec, pid, m.clean).await?;
+        if hygiene {
+            self.hygiene(rec, pid, m.clean).await?;
+        } else {
+            self.wait_ready(id, pid).await?;
+            if rec.profile == "desktop" {
+                self.desktop_ready(pid).await?;
+            }
+        }
         Ok(pid)
     }
 
@@ -369,6 +391,31 @@ impl Manager {
         }
         Ok(())
     }
+
+    async fn desktop_ready(&self, pid: i32) -> Result<(), SessionError> {
+        // The guest's budget ends before drumsd's client gives up, so a
+        // late desktop answers with what was late.
+        let ready = format!(
+            "/v1/desktop/ready?timeout_ms={}",
+            (crate::manager::GUEST_TIMEOUT - crate::manager::GUEST_GRACE).as_millis()
+        );
+        let _: serde_json::Value = guest_client(pid)
+            .json(hyper::Method::GET, &ready, None::<&()>)
+            .await
+            .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+        Ok(())
+    }
+}
+
+/// The version whose CRIU images a restore uses; a version without process
+/// state (the `files` policy) has none to restore.
+fn process_artifact(m: &Manifest) -> Result<&str, SessionError> {
+    m.process_of().ok_or_else(|| {
+        SessionError::Conflict(format!(
+            "version {} holds files only (the files policy): it has no processes to restore",
+            m.id
+        ))
+    })
 }
 
 /// The images a sibling restores from. Without a range, the checkpoint's own

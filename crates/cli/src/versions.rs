@@ -1,0 +1,88 @@
+//! `drums versions` and `drums rollback`: a session's history, and going
+//! back in it (see docs/engine.md).
+
+use drums_api::{Client, Rollback, Session, SessionVersions};
+use hyper::Method;
+
+use crate::commands::enc;
+use crate::exit::{self, Failure};
+use crate::table;
+
+pub async fn list(c: &Client, session: &str, json: bool) -> Result<i32, Failure> {
+    let l: SessionVersions = c
+        .json(
+            Method::GET,
+            &format!("/v1/sessions/{}/versions", enc(session)),
+            None::<&()>,
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
+        return Ok(exit::OK);
+    }
+    let ms = |c: Option<drums_api::ArtifactCost>| {
+        c.map_or_else(|| "-".into(), |c| format!("{:.1} ms", c.frozen_ms))
+    };
+    let rows: Vec<Vec<String>> = l
+        .versions
+        .iter()
+        .map(|v| {
+            vec![
+                v.number.to_string(),
+                v.id.clone(),
+                v.state.clone(),
+                v.turn.map_or_else(|| "-".into(), |t| t.to_string()),
+                v.class.clone(),
+                v.took.clone(),
+                ms(v.files),
+                ms(v.process),
+                if v.pinned {
+                    v.name.clone()
+                } else {
+                    String::new()
+                },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "#",
+                "ID",
+                "STATE",
+                "TURN",
+                "CLASS",
+                "TOOK",
+                "FILES FROZEN",
+                "PROCS FROZEN",
+                "PINNED AS"
+            ],
+            &rows
+        )
+    );
+    Ok(exit::OK)
+}
+
+pub async fn rollback(
+    c: &Client,
+    session: &str,
+    to: Option<&str>,
+    json: bool,
+) -> Result<i32, Failure> {
+    let s: Session = c
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{}/rollback", enc(session)),
+            Some(&Rollback {
+                to: to.map(str::to_owned),
+            }),
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("serialize"));
+    } else {
+        println!("{} rolled back", s.name);
+    }
+    Ok(exit::OK)
+}
