@@ -535,8 +535,12 @@ mod tests {
         std::fs::write(d.path().join("manifest.json"), v.to_string()).unwrap();
         assert_eq!(
             Manifest::read(d.path()).unwrap_err().to_string(),
-            "checkpoint manifest format 99 is newer than this drums supports (3)"
+            format!("checkpoint manifest format 99 is newer than this drums supports ({FORMAT_VERSION})")
         );
+        // A format 3 manifest (no version) is a full version outside any
+        // history: both artifacts its own.
+        assert_eq!(m.files_of(), "c");
+        assert_eq!(m.process_of(), Some("c"));
         // A format 1 manifest (no egress) still reads, as egress none.
         let mut v1 = serde_json::to_value(&m).unwrap();
         v1["format_version"] = 1.into();

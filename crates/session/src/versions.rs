@@ -283,7 +283,14 @@ impl Manager {
             clean: false,
             leave_running: true,
         };
-        let submitted = self.engine.submit(job, Priority::Normal).await?;
+        let submitted = match self.engine.submit(job, Priority::Normal).await {
+            Ok(s) => s,
+            Err(e) => {
+                // This turn's changes are in no version now.
+                self.set_position(&rec.id, |p| p.needs_full = true);
+                return Err(e.into());
+            }
+        };
         ck.job = Some(submitted.id.to_string());
         if req.wait {
             let m = outcome(self.engine.wait(submitted.id).await?)?;
