@@ -381,3 +381,100 @@ fn desktop_failures_leave_nothing() {
     });
     d.stop_and_check_leaks();
 }
+
+/// A desktop whose limits leave Xvfb and Chromium too little to start is
+/// refused before anything is made (400, `drums create` exit 2, naming the
+/// minimum) instead of failing inside the guest (500), whether the request's
+/// own limits or drumsd's defaults are too small; one at exactly the minimums
+/// starts, is agent-ready and forks.
+#[test]
+fn a_desktop_below_its_minimum_limits_is_refused_and_one_at_them_runs() {
+    require_desktop_image();
+    // A default that suits a shell but not a desktop.
+    let mut d = TestDaemon::start_with(&["--default-pids", "128"]);
+    let min_pids = drums_session::limits::MIN_DESKTOP_PIDS.to_string();
+    let min_memory = drums_session::limits::MIN_DESKTOP_MEMORY_BYTES.to_string();
+    for (args, msg) in [
+        (
+            vec!["--pids", "32", "--memory", "4G"],
+            "needs a pids limit of at least 256",
+        ),
+        (
+            vec!["--pids", "255", "--memory", "4G"],
+            "needs a pids limit of at least 256",
+        ),
+        (
+            vec!["--pids", "2048", "--memory", "8M"],
+            "needs a memory limit of at least 512 MiB",
+        ),
+        (
+            vec!["--pids", &min_pids, "--memory", "511M"],
+            "needs a memory limit of at least 512 MiB",
+        ),
+        // No pids of its own: drumsd's default of 128 is too few.
+        (vec!["--memory", "4G"], "not 128"),
+    ] {
+        let mut all = vec!["create", "--profile", "desktop"];
+        all.extend(&args);
+        let o = d.drums(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "drums {all:?}: {err}");
+        assert!(err.contains(msg), "drums {all:?}: {err:?} lacks {msg:?}");
+        run(d.assert_no_session_left(&format!("{args:?}")));
+    }
+    // The API says 400 bad_request.
+    let small = CreateSession {
+        profile: Some("desktop".into()),
+        limits: drums_api::Limits {
+            pids_max: Some(32),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match run(d.create(&small)) {
+        Err(drums_api::ClientError::Api { status, kind, .. }) => {
+            assert_eq!((status, kind.as_str()), (400, "bad_request"))
+        }
+        other => panic!("a desktop with 32 pids: {other:?}"),
+    }
+    // A headless session still starts with the general minimum.
+    let shell = d.drums(&["create", "--pids", "32", "--network", "none"]);
+    assert!(
+        shell.status.success(),
+        "headless at 32 pids: {}",
+        String::from_utf8_lossy(&shell.stderr)
+    );
+    let shell = String::from_utf8_lossy(&shell.stdout).trim().to_owned();
+
+    let o = d.drums(&[
+        "create",
+        "--profile",
+        "desktop",
+        "--pids",
+        &min_pids,
+        "--memory",
+        &min_memory,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "a desktop at the minimums: {err}\n{}",
+        d.log()
+    );
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let (code, out, err) = d.sh(&id, "echo up");
+    assert_eq!((code, out.as_str()), (0, "up"), "{err}");
+    let o = d.drums(&["fork", &id]);
+    assert!(
+        o.status.success(),
+        "a fork of a desktop at the minimums: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    let sibling = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    for s in [&sibling, &id, &shell] {
+        run(d.rm(s)).unwrap();
+    }
+    run(d.assert_no_session_left("after the minimums"));
+    d.stop_and_check_leaks();
+}

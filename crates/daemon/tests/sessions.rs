@@ -346,6 +346,111 @@ fn bad_input_is_refused_and_changes_nothing() {
 }
 
 /// Responses carry what the OpenAPI document requires.
+/// A session that is being created or removed exists but cannot take a
+/// session operation: each answers 409 `conflict` (the session's state
+/// refuses it, the request was fine), not 400, and `drums` exits 4. A real
+/// create or remove holds these states for milliseconds to a few seconds, so
+/// the test holds them open by writing the state into the catalog, as
+/// drumsd's own steps do, and puts the session back before removing it.
+#[test]
+fn a_session_being_created_or_removed_answers_409() {
+    let mut d = TestDaemon::start();
+    let id = {
+        let o = d.drums(&["create", "--name", "busy", "--network", "none"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let other = {
+        let o = d.drums(&["create", "--network", "none"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let catalog = drums_catalog::Catalog::open(&d.state.path().join("catalog.db")).unwrap();
+    let pid = catalog.session(&id).unwrap().unwrap().init_pid;
+    let exec = serde_json::json!({"argv": ["true"]});
+    let pid_body = serde_json::json!({"pid": 1});
+    let ck = serde_json::json!({"session": "busy"});
+    let fork = serde_json::json!({"count": 1});
+    let audit = format!("/v1/audit?a=busy&b={other}");
+    let calls: [(Method, &str, Option<&serde_json::Value>); 10] = [
+        (Method::POST, "/v1/sessions/busy/exec", Some(&exec)),
+        (Method::POST, "/v1/sessions/busy/fork", Some(&fork)),
+        (Method::POST, "/v1/checkpoints", Some(&ck)),
+        (Method::POST, "/v1/sessions/busy/turn/begin", None),
+        (Method::POST, "/v1/sessions/busy/agent", Some(&pid_body)),
+        (
+            Method::GET,
+            "/v1/sessions/busy/files?path=/etc/hostname",
+            None,
+        ),
+        (Method::PUT, "/v1/sessions/busy/files?path=/tmp/x", None),
+        (Method::GET, "/v1/sessions/busy/dir?path=/", None),
+        (Method::GET, &audit, None),
+        (Method::GET, "/v1/sessions/busy", None),
+    ];
+    for state in ["creating", "removing"] {
+        catalog.set_session_state(&id, state, None).unwrap();
+        run(async {
+            for (method, uri, body) in &calls {
+                let r = d.client.call(method.clone(), uri, *body).await;
+                if uri.ends_with("/busy") {
+                    // Reading the session is fine in any state.
+                    assert!(r.is_ok(), "{state}: GET {uri}: {r:?}");
+                    continue;
+                }
+                match r {
+                    Err(drums_api::ClientError::Api {
+                        status,
+                        kind,
+                        message,
+                    }) => {
+                        assert_eq!(
+                            (status, kind.as_str()),
+                            (409, "conflict"),
+                            "{state}: {method} {uri}: {message}"
+                        );
+                        assert!(
+                            message.contains(&format!("session busy is {state}, not running")),
+                            "{state}: {method} {uri}: {message}"
+                        );
+                    }
+                    other => panic!("{state}: {method} {uri}: {other:?}"),
+                }
+            }
+        });
+        for args in [
+            &["exec", "busy", "--", "true"][..],
+            &["fork", "busy"][..],
+            &["checkpoint", "busy"][..],
+            &["turn", "begin", "busy"][..],
+        ] {
+            let o = d.drums(args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(4), "{state}: drums {args:?}: {err}");
+            assert!(
+                err.contains("not running"),
+                "{state}: drums {args:?}: {err}"
+            );
+        }
+    }
+    // Nothing was made by the refused calls: no checkpoint, no sibling.
+    let ps = d.drums(&["ps", "--json"]);
+    let l: drums_api::SessionList = serde_json::from_slice(&ps.stdout).unwrap();
+    assert_eq!(l.sessions.len(), 2, "a refused fork made a sibling");
+    assert!(
+        catalog.checkpoints().unwrap().is_empty(),
+        "a refused checkpoint was kept"
+    );
+    catalog.set_session_state(&id, "running", pid).unwrap();
+    drop(catalog);
+    run(async {
+        d.rm(&id).await.unwrap();
+        d.rm(&other).await.unwrap();
+        d.assert_no_session_left("after the 409s").await;
+    });
+    d.stop_and_check_leaks();
+}
+
 #[test]
 fn responses_follow_the_openapi_document() {
     let mut d = TestDaemon::start();

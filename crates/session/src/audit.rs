@@ -182,11 +182,9 @@ impl Manager {
         let init = rec
             .init_pid
             .filter(|_| rec.state == "running")
-            .ok_or_else(|| {
-                SessionError::Invalid(format!(
-                    "session {} is {}, not running",
-                    rec.name, rec.state
-                ))
+            .ok_or_else(|| SessionError::NotRunning {
+                name: rec.name.clone(),
+                state: rec.state.clone(),
             })?;
         let pids = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id).pids()?;
         let h = tokio::task::spawn_blocking(move || holdings(pids, init))

@@ -54,6 +54,10 @@ pub enum SessionError {
     ImageNotFound(String),
     #[error("a session named {0:?} already exists")]
     NameTaken(String),
+    /// The session exists but is being created or removed: the request was
+    /// fine, the session's state refuses it (409), as with a name taken.
+    #[error("session {name} is {state}, not running")]
+    NotRunning { name: String, state: String },
     #[error(transparent)]
     Catalog(drums_catalog::CatalogError),
     #[error("store")]
@@ -136,7 +140,7 @@ impl SessionError {
             SessionError::NotFound(_)
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
-            SessionError::NameTaken(_) => ErrorKind::Conflict,
+            SessionError::NameTaken(_) | SessionError::NotRunning { .. } => ErrorKind::Conflict,
             SessionError::Inspect(e) => match e {
                 drums_inspect::InspectError::NoTurn(_)
                 | drums_inspect::InspectError::TurnOpen { .. }

@@ -14,6 +14,23 @@ pub const MIN_DISK_BYTES: u64 = 16 << 20;
 /// caller's mistake, not drumsd's.
 pub const MIN_PIDS: u64 = 32;
 
+/// The smallest pids limit a desktop is created with. Measured on the CI
+/// host: Xvfb, dbus, openbox, Chromium (its zygotes, GPU and network
+/// services, one renderer and their threads), the OSWorld server and the
+/// guest agent peak at about 80 tasks once the desktop is ready; at 64 Chromium
+/// stops answering DevTools and at 48 its `pthread_create` fails (EAGAIN).
+/// 256 leaves room for a few tabs and a command or two; below it a create
+/// would fail inside the guest (500), which is the caller's mistake.
+pub const MIN_DESKTOP_PIDS: u64 = 256;
+
+/// The smallest memory limit a desktop is created with. Measured the same way:
+/// a ready desktop holds about 130 MiB of anonymous memory and 280 MiB of page
+/// cache (which the limit counts, and the kernel reclaims first); at 128 MiB
+/// Chromium is OOM-killed before DevTools answers, at 192 MiB it starts with
+/// nothing to spare. 512 MiB leaves room for a page to load and a fork's
+/// restore to run under the same limit.
+pub const MIN_DESKTOP_MEMORY_BYTES: u64 = 512 << 20;
+
 /// drumsd's defaults, and what bounds a disk quota.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitPolicy {
@@ -32,6 +49,16 @@ pub enum LimitsError {
     Cgroup(#[from] drums_cgroup::LimitsError),
     #[error("pids limit {pids} is below the minimum of {MIN_PIDS}")]
     PidsTooFew { pids: u64 },
+    #[error(
+        "the desktop profile needs a pids limit of at least {MIN_DESKTOP_PIDS} \
+         (Xvfb and Chromium run about 80 tasks), not {pids}"
+    )]
+    DesktopPidsTooFew { pids: u64 },
+    #[error(
+        "the desktop profile needs a memory limit of at least 512 MiB \
+         (Xvfb and Chromium hold about 400 MiB), not {bytes} bytes"
+    )]
+    DesktopMemoryTooSmall { bytes: u64 },
     #[error("disk limit {bytes} bytes is below the minimum of 16 MiB")]
     DiskTooSmall { bytes: u64 },
     #[error("disk limit {bytes} bytes exceeds the {max} bytes the store holds for sessions")]
@@ -78,6 +105,24 @@ impl LimitPolicy {
             }
         }
         Ok(())
+    }
+
+    /// [`LimitPolicy::effective`] for a new session of `profile`: a profile
+    /// that starts more than a shell needs more than the general minimums, and
+    /// a create below them is refused before anything is made. Restores are
+    /// not checked: a checkpoint's processes already ran within its limits.
+    pub fn effective_for(&self, profile: &str, given: &Limits) -> Result<Limits, LimitsError> {
+        let limits = self.effective(given)?;
+        if profile == "desktop" {
+            if let Some(pids) = limits.pids_max.filter(|p| *p < MIN_DESKTOP_PIDS) {
+                return Err(LimitsError::DesktopPidsTooFew { pids });
+            }
+            let memory = limits.memory_bytes;
+            if let Some(bytes) = memory.filter(|b| *b < MIN_DESKTOP_MEMORY_BYTES) {
+                return Err(LimitsError::DesktopMemoryTooSmall { bytes });
+            }
+        }
+        Ok(limits)
     }
 
     /// The limits of a sibling restored from a manifest whose `limits` is
@@ -167,6 +212,57 @@ mod tests {
             ..Limits::default()
         };
         p.effective(&l).unwrap();
+    }
+
+    #[test]
+    fn a_desktop_needs_more_than_a_shell() {
+        let p = policy();
+        let small = |pids, memory| Limits {
+            pids_max: Some(pids),
+            memory_bytes: Some(memory),
+            ..Limits::default()
+        };
+        for (l, msg) in [
+            (
+                small(MIN_DESKTOP_PIDS - 1, 1 << 30),
+                "needs a pids limit of at least 256",
+            ),
+            (
+                small(MIN_PIDS, 1 << 30),
+                "needs a pids limit of at least 256",
+            ),
+            (
+                small(2048, MIN_DESKTOP_MEMORY_BYTES - 1),
+                "needs a memory limit of at least 512 MiB",
+            ),
+            (
+                small(2048, 8 << 20),
+                "needs a memory limit of at least 512 MiB",
+            ),
+        ] {
+            let e = p.effective_for("desktop", &l).unwrap_err().to_string();
+            assert!(e.contains(msg), "{l:?}: {e}");
+            // A headless session starts with as little.
+            p.effective_for("headless", &l).unwrap();
+        }
+        p.effective_for(
+            "desktop",
+            &small(MIN_DESKTOP_PIDS, MIN_DESKTOP_MEMORY_BYTES),
+        )
+        .unwrap();
+        // Defaults count: a daemon whose default is too small for a desktop
+        // refuses a desktop that names no limits.
+        let tight = LimitPolicy {
+            defaults: Limits {
+                pids_max: Some(100),
+                ..p.defaults.clone()
+            },
+            ..p
+        };
+        let e = tight
+            .effective_for("desktop", &Limits::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("not 100"), "{e}");
     }
 
     #[test]

@@ -337,10 +337,10 @@ impl Manager {
         let rec = self.record(id_or_name)?;
         match (rec.state.as_str(), rec.init_pid) {
             ("running", Some(pid)) => Ok((rec, pid)),
-            _ => Err(SessionError::Invalid(format!(
-                "session {} is {}, not running",
-                rec.name, rec.state
-            ))),
+            _ => Err(SessionError::NotRunning {
+                name: rec.name,
+                state: rec.state,
+            }),
         }
     }
 
@@ -369,10 +369,10 @@ impl Manager {
             Some(pid) if s.state == "running" => {
                 Ok(guest_client(pid).with_limits(None, Some(GUEST_MAX_BODY)))
             }
-            _ => Err(SessionError::Invalid(format!(
-                "session {} is {}, not running",
-                s.name, s.state
-            ))),
+            _ => Err(SessionError::NotRunning {
+                name: s.name.clone(),
+                state: s.state.clone(),
+            }),
         }
     }
 

@@ -159,7 +159,7 @@ impl Spec {
                 "egress nat needs network bridge".into(),
             ));
         }
-        let limits = policy.effective(&req.limits)?;
+        let limits = policy.effective_for(&profile, &req.limits)?;
         Ok(Spec {
             name: req.name.clone(),
             profile,
