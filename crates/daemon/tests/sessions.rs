@@ -438,7 +438,7 @@ fn a_session_being_created_or_removed_answers_409() {
     let l: drums_api::SessionList = serde_json::from_slice(&ps.stdout).unwrap();
     assert_eq!(l.sessions.len(), 2, "a refused fork made a sibling");
     assert!(
-        catalog.checkpoints().unwrap().is_empty(),
+        catalog.versions().unwrap().is_empty(),
         "a refused checkpoint was kept"
     );
     catalog.set_session_state(&id, "running", pid).unwrap();
