@@ -550,6 +550,14 @@ pub struct Job {
     /// The version it took, once done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Once it ran: from its (oldest merged) submission to its start, and
+    /// its run, in milliseconds; the priority it started at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_as: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

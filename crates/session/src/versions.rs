@@ -326,13 +326,12 @@ impl Manager {
         let mut job = drums_api::Job {
             id: id.to_owned(),
             state: state.into(),
-            priority: match priority {
-                Priority::High => "high",
-                Priority::Normal => "normal",
-            }
-            .into(),
+            priority: priority_str(priority).into(),
             version: None,
             error: None,
+            queued_ms: None,
+            ran_ms: None,
+            started_as: None,
         };
         if matches!(
             status,
@@ -340,7 +339,20 @@ impl Manager {
                 | drums_engine::Status::Failed
                 | drums_engine::Status::Cancelled
         ) {
-            match outcome(self.engine.wait(jid).await?) {
+            let o = self.engine.wait(jid).await?;
+            let metrics = match &o {
+                Ok(f) => Some(f.metrics),
+                Err(Failure::Job { metrics, .. } | Failure::Panicked { metrics, .. }) => {
+                    Some(*metrics)
+                }
+                Err(Failure::Cancelled { .. }) => None,
+            };
+            if let Some(mx) = metrics {
+                job.queued_ms = Some(mx.queued_for.as_secs_f64() * 1e3);
+                job.ran_ms = Some(mx.ran_for.as_secs_f64() * 1e3);
+                job.started_as = Some(priority_str(mx.priority_when_started).into());
+            }
+            match outcome(o) {
                 Ok(m) => job.version = Some(m.id.clone()),
                 Err(e) => job.error = Some(crate::error_chain(&e)),
             }
@@ -614,6 +626,13 @@ impl Manager {
             ))),
             Some(v) => Ok(v.clone()),
         }
+    }
+}
+
+fn priority_str(p: Priority) -> &'static str {
+    match p {
+        Priority::High => "high",
+        Priority::Normal => "normal",
     }
 }
 
