@@ -166,6 +166,11 @@ pub struct Version {
 pub struct Fault {
     /// A fault point such as `create.subvolume`; null clears it.
     pub point: Option<String>,
+    /// Hold the step at the point forever instead of failing it (only the
+    /// points in drums_session's `faults::HOLD_POINTS`): a test then kills
+    /// drumsd there, as a crash would.
+    #[serde(default)]
+    pub hold: bool,
 }
 
 /// Every error response: `{"error":{"kind":..,"message":..}}`.
@@ -234,6 +239,21 @@ pub struct RestoreRequest {
 
 fn one() -> usize {
     1
+}
+
+/// `POST /v1/sessions/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    #[serde(default = "one")]
+    pub count: usize,
+    /// Name of the sibling; only with `count: 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// One of the session's done versions (id, name or number): siblings of
+    /// it, without a new checkpoint. Absent: a checkpoint of the session now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// The siblings a restore or fork started, all ready.

@@ -81,6 +81,10 @@ pub enum Command {
         session: String,
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// Siblings of one of its versions (number or id) instead of a new
+        /// checkpoint: branching for tree search and RL rollouts.
+        #[arg(long)]
+        at: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -111,6 +115,12 @@ pub enum Command {
         session: String,
         #[arg(long)]
         to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A session whose processes died comes back from its newest version.
+    Recover {
+        session: String,
         #[arg(long)]
         json: bool,
     },

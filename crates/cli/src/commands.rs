@@ -566,6 +566,32 @@ pub async fn restore(c: &Client, uri: &str, count: usize, json: bool) -> Result<
             Some(&drums_api::RestoreRequest { count, name: None }),
         )
         .await?;
+    print_restored(&r, json)
+}
+
+/// `drums fork`: siblings of the session now, or of one of its versions.
+pub async fn fork(
+    c: &Client,
+    session: &str,
+    count: usize,
+    at: Option<&str>,
+    json: bool,
+) -> Result<i32, Failure> {
+    let r: drums_api::RestoreResult = c
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{}/fork", enc(session)),
+            Some(&drums_api::ForkRequest {
+                count,
+                name: None,
+                at: at.map(str::to_owned),
+            }),
+        )
+        .await?;
+    print_restored(&r, json)
+}
+
+fn print_restored(r: &drums_api::RestoreResult, json: bool) -> Result<i32, Failure> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r).expect("serialize"));
     } else {

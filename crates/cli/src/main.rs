@@ -53,15 +53,11 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Fork {
             session,
             count,
+            at,
             json,
-        } => {
-            commands::restore(
-                &c,
-                &format!("/v1/sessions/{}/fork", commands::enc(session)),
-                *count,
-                *json,
-            )
-            .await
+        } => commands::fork(&c, session, *count, at.as_deref(), *json).await,
+        Command::Recover { session, json } => {
+            drums_cli::versions::recover(&c, session, *json).await
         }
         Command::Audit { a, b, json } => commands::audit(&c, a, b, *json).await,
         Command::Inspect { session, json } => inspect::inspect(&c, session, *json).await,

@@ -64,6 +64,22 @@ pub async fn list(c: &Client, session: &str, json: bool) -> Result<i32, Failure>
     Ok(exit::OK)
 }
 
+pub async fn recover(c: &Client, session: &str, json: bool) -> Result<i32, Failure> {
+    let s: Session = c
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{}/recover", enc(session)),
+            None::<&()>,
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("serialize"));
+    } else {
+        println!("{} recovered", s.name);
+    }
+    Ok(exit::OK)
+}
+
 pub async fn rollback(
     c: &Client,
     session: &str,

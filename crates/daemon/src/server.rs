@@ -65,6 +65,7 @@ fn table() -> Vec<Route> {
         route(M::POST, "/v1/sessions/{session}/turn/end", turn_end),
         route(M::GET, "/v1/sessions/{session}/versions", versions),
         route(M::POST, "/v1/sessions/{session}/rollback", rollback),
+        route(M::POST, "/v1/sessions/{session}/recover", recover),
         route(M::GET, "/v1/jobs/{job}", job),
         route(M::POST, "/v1/jobs/{job}/promote", promote_job),
         route(M::GET, "/v1/sessions/{session}/turns", turns),
@@ -263,11 +264,21 @@ fn one_sibling() -> drums_api::RestoreRequest {
 async fn fork(
     State(m): State<AppState>,
     Path(id): Path<String>,
-    OptionalJsonBody(req): OptionalJsonBody<drums_api::RestoreRequest>,
+    OptionalJsonBody(req): OptionalJsonBody<drums_api::ForkRequest>,
 ) -> Result<impl IntoResponse> {
-    let req = req.unwrap_or_else(one_sibling);
+    let req = req.unwrap_or(drums_api::ForkRequest {
+        count: 1,
+        name: None,
+        at: None,
+    });
     // Refused before the checkpoint, which would otherwise be left behind.
     drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
+    if let Some(at) = &req.at {
+        let v = m.version_of_session(&id, at)?;
+        let r = m.restore(&v, req.count, req.name.as_deref()).await?;
+        log_restored(&v, &r);
+        return Ok((StatusCode::CREATED, Json(r)));
+    }
     let ck = m
         .checkpoint(&drums_api::CreateCheckpoint {
             session: id.clone(),
@@ -314,6 +325,15 @@ async fn rollback(
     let req = req.unwrap_or_default();
     let s = m.rollback(&id, req.to.as_deref()).await?;
     info!(session = %s.id, to = ?req.to, "session rolled back");
+    Ok(Json(s))
+}
+
+async fn recover(
+    State(m): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::Session>> {
+    let s = m.recover(&id).await?;
+    info!(session = %s.id, "session recovered");
     Ok(Json(s))
 }
 
@@ -540,7 +560,7 @@ async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Resul
             "fault injection is off (start drumsd with --enable-fault-injection)",
         ));
     }
-    m.faults.arm(f.point)?;
+    m.faults.arm_hold(f.point, f.hold)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

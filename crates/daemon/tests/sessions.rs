@@ -128,10 +128,12 @@ fn failure_at_every_create_step_leaves_nothing() {
     d.stop_and_check_leaks();
 }
 
-/// `kill -9` of drumsd with 3 live sessions, then a new drumsd: its sweep
-/// removes everything the dead daemon owned.
+/// `kill -9` of drumsd with 3 live sessions, one of which then dies, then a
+/// new drumsd: it adopts the two live ones as they are (same processes,
+/// usable, with their firewall ports) and sweeps the dead one, which had no
+/// version to recover from. A graceful stop then removes everything.
 #[test]
-fn sweep_after_kill9_removes_everything() {
+fn a_restarted_daemon_adopts_live_sessions_and_sweeps_dead_ones() {
     let mut d = TestDaemon::start();
     let subnet = d.subnet();
     let sessions = run(async {
@@ -142,6 +144,9 @@ fn sweep_after_kill9_removes_everything() {
         v
     });
     let pids: Vec<i32> = sessions.iter().map(|s| s.init_pid.unwrap()).collect();
+    // A process of the first session whose memory is the only record of it.
+    let (code, _, err) = d.sh(&sessions[0].id, "echo kept > /root/f; nohup sleep 1000 >/dev/null 2>&1 &");
+    assert_eq!(code, 0, "{err}");
     d.kill9();
     // The sessions outlive their daemon...
     for p in &pids {
@@ -151,30 +156,13 @@ fn sweep_after_kill9_removes_everything() {
         );
     }
     assert_eq!(d.session_links().len(), 3);
-    // ...until the next daemon sweeps them.
+    // ...and one dies while no daemon runs.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[2]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(common::gone(|| !drums_session::process::alive(pids[2])));
     d.restart(&subnet);
-    for p in &pids {
-        assert!(
-            !drums_session::process::alive(*p),
-            "session init {p} survived the sweep"
-        );
-    }
-    assert!(
-        d.processes().is_empty(),
-        "processes left: {:?}",
-        d.processes()
-    );
-    assert!(
-        d.session_links().is_empty(),
-        "veths left: {:?}",
-        d.session_links()
-    );
-    assert!(
-        d.store_subvolumes().is_empty(),
-        "subvolumes left: {:?}",
-        d.store_subvolumes()
-    );
+
     let log = d.log();
+    assert!(log.contains("adopting a live session"), "{log}");
     assert!(
         log.contains("sweep: removing a session left by a previous daemon"),
         "{log}"
@@ -185,8 +173,28 @@ fn sweep_after_kill9_removes_everything() {
             .json(Method::GET, "/v1/sessions", None::<&()>)
             .await
             .unwrap();
-        assert!(l.sessions.is_empty());
+        let mut ids: Vec<&str> = l.sessions.iter().map(|s| s.id.as_str()).collect();
+        ids.sort();
+        let mut want = vec![sessions[0].id.as_str(), sessions[1].id.as_str()];
+        want.sort();
+        assert_eq!(ids, want, "the live sessions are kept, the dead one is not");
+        for s in &l.sessions {
+            let before = sessions.iter().find(|b| b.id == s.id).unwrap();
+            assert_eq!(s.init_pid, before.init_pid, "adopted as it was");
+            assert_eq!(s.ip, before.ip);
+        }
     });
+    // Adopted sessions work: exec, their files and processes are there, and
+    // their firewall port is back.
+    let (code, out, err) = d.sh(&sessions[0].id, "cat /root/f; pgrep -x sleep >/dev/null && echo sleeping");
+    assert_eq!((code, out.as_str()), (0, "kept\nsleeping"), "{err}");
+    let ports = drums_net::firewall::ports(&d.bridge).unwrap();
+    for s in &sessions[..2] {
+        let ip: std::net::Ipv4Addr = s.ip.as_deref().unwrap().parse().unwrap();
+        assert!(ports.iter().any(|(_, p)| *p == ip), "{ip} has no firewall port: {ports:?}");
+    }
+    assert!(!drums_session::process::alive(pids[2]));
+    assert_eq!(d.session_links().len(), 2, "the dead session's veth went");
     d.stop_and_check_leaks();
 }
 

@@ -175,8 +175,9 @@ impl Manager {
                 (Some(report), None)
             }
         };
-        self.engine_faults()?;
         self.catalog.set_version_state(&ver.id, "versioning")?;
+        self.faults.hold("version.manifest").await;
+        self.engine_faults()?;
         let head = plan.head.as_ref();
         let (images_list, frozen_ms, dump_ms) = match &report {
             Some(r) => {
@@ -328,6 +329,7 @@ impl Manager {
         leave_running: bool,
     ) -> Result<(DumpReport, Vec<String>), SessionError> {
         let upper = self.store_root.join("sessions").join(&rec.id);
+        self.faults.hold("checkpoint.criu").await;
         self.faults.check("checkpoint.criu")?;
         let snapshot_fault = self
             .faults

@@ -48,12 +48,41 @@ pub const EXPORT_POINTS: &[&str] = &["export.tar"];
 /// browser's hygiene and readiness after a restore.
 pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
 
+/// Points a step can be held at (`hold`), one per state a version can be
+/// in when drumsd dies: `dumping` before CRIU runs, `versioning` before the
+/// manifest is written.
+pub const HOLD_POINTS: &[&str] = &["checkpoint.criu", "version.manifest"];
+
 #[derive(Default)]
 pub struct Faults {
     armed: Mutex<Option<String>>,
+    hold: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {
+    /// Arm `point` to fail, or with `hold`, to hold its step forever.
+    pub fn arm_hold(&self, point: Option<String>, hold: bool) -> Result<(), SessionError> {
+        if hold && !point.as_deref().is_some_and(|p| HOLD_POINTS.contains(&p)) {
+            return Err(SessionError::Invalid(format!(
+                "only {} can be held",
+                HOLD_POINTS.join(", ")
+            )));
+        }
+        self.arm(point)?;
+        self.hold.store(hold, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Wait forever if `point` is armed to hold.
+    pub async fn hold(&self, point: &str) {
+        if self.hold.load(std::sync::atomic::Ordering::SeqCst)
+            && self.armed().as_deref() == Some(point)
+        {
+            tracing::warn!(point, "fault injection: holding here until drumsd is killed");
+            std::future::pending::<()>().await;
+        }
+    }
+
     pub fn arm(&self, point: Option<String>) -> Result<(), SessionError> {
         if let Some(p) = &point {
             let all: Vec<&str> = CREATE_POINTS
@@ -80,6 +109,9 @@ impl Faults {
     }
 
     pub fn check(&self, point: &str) -> Result<(), SessionError> {
+        if self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         match self.armed() {
             Some(p) if p == point => Err(SessionError::Injected(p)),
             _ => Ok(()),

@@ -88,6 +88,15 @@ pub struct Manager {
     pub(crate) positions: crate::versions::Positions,
 }
 
+/// The sessions a previous daemon left that the sweep keeps.
+#[derive(Default)]
+pub(crate) struct Found {
+    /// Their init still runs: adopted as they are.
+    adopted: Vec<SessionRecord>,
+    /// Running, but their processes died: recovered from their newest version.
+    dead: Vec<SessionRecord>,
+}
+
 /// The disk quota a session gets when neither its request nor drumsd's config
 /// names one: room for a desktop's browser profile and caches, an apt or pip
 /// install or two, and a build tree.
@@ -192,7 +201,7 @@ impl Manager {
             engine: drums_engine::Scheduler::new(drums_engine::Config::default())?,
             positions: Default::default(),
         };
-        m.sweep().await;
+        let found = m.sweep().await;
 
         m.catalog
             .record(DAEMON, ResourceKind::Link, &m.cfg.bridge)?;
@@ -218,7 +227,57 @@ impl Manager {
         tokio::task::spawn_blocking(move || drums_cgroup::ensure_parent(&parent, &caps))
             .await
             .expect("no panic")?;
+        m.take_over(found).await;
         Ok(m)
+    }
+
+    /// The sessions a previous daemon left, once the bridge and its firewall
+    /// are back: the live ones get their firewall ports again (installing
+    /// the firewall forgot them), the dead ones with a version come back
+    /// from their newest (see docs/engine.md, "A daemon restart").
+    async fn take_over(&self, found: Found) {
+        for s in &found.adopted {
+            if s.network != "bridge" {
+                continue;
+            }
+            let port = drums_net::firewall::Port {
+                ifname: crate::create::veth_name(&s.id),
+                mac: crate::create::parse_mac(s.mac.as_deref().unwrap_or_default()),
+                ip: match s.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+                    Some(ip) => ip,
+                    None => continue,
+                },
+                egress: s.egress == crate::spec::Egress::Nat.as_str(),
+            };
+            if port.egress {
+                if let Err(e) = self.ip_forward.enable() {
+                    warn!("adopt {}: ip_forward: {e}", s.name);
+                }
+            }
+            if let Err(e) = drums_net::firewall::add_port(&self.cfg.bridge, &port) {
+                warn!("adopt {}: firewall port: {}", s.name, crate::error_chain(&e));
+            }
+        }
+        for s in found.dead {
+            info!(session = %s.id, name = %s.name, "recovering a session whose processes died with the previous daemon");
+            if let Err(e) = self.recover_record(&s).await {
+                warn!("recover {}: {}", s.name, crate::error_chain(&e));
+            }
+        }
+    }
+
+    /// The init of a session, if it is the live process the ledger recorded
+    /// (a recycled pid has another start time).
+    pub(crate) fn live_init(&self, s: &SessionRecord) -> Option<i32> {
+        let pid = s.init_pid.filter(|_| s.state == "running")?;
+        let key = crate::process::ledger_key(pid)?;
+        let recorded = self
+            .catalog
+            .owned_by(&s.id)
+            .ok()?
+            .iter()
+            .any(|r| r.kind == ResourceKind::Process && r.key == key);
+        (recorded && crate::process::alive(pid)).then_some(pid)
     }
 
     pub fn config(&self) -> &ManagerConfig {
@@ -265,27 +324,55 @@ impl Manager {
         &self.images
     }
 
-    /// Remove every session a previous daemon left, then any resource whose
-    /// owner is gone. Errors are logged, not fatal: the sweep runs again at the
+    /// What a previous daemon left: a session whose init still runs is
+    /// adopted as it is (as Docker's live-restore and containerd's shims
+    /// keep containers); one that was running but whose processes died and
+    /// that has a done version is kept to be recovered once the network is
+    /// back; every other session is removed, then any resource whose owner
+    /// is gone. Errors are logged, not fatal: the sweep runs again at the
     /// next start, and the rows it could not remove stay in the ledger.
-    async fn sweep(&self) {
+    async fn sweep(&self) -> Found {
+        let mut found = Found::default();
         let sessions = match self.catalog.sessions() {
             Ok(s) => s,
-            Err(e) => return warn!("sweep: list sessions: {e}"),
+            Err(e) => {
+                warn!("sweep: list sessions: {e}");
+                return found;
+            }
         };
         for s in sessions {
+            if self.live_init(&s).is_some() {
+                info!(session = %s.id, name = %s.name, "adopting a live session left by a previous daemon");
+                found.adopted.push(s);
+                continue;
+            }
+            let has_version = self
+                .catalog
+                .session_versions(&s.id)
+                .is_ok_and(|v| v.iter().any(|v| v.state == "done"));
+            if s.state == "running" && has_version {
+                found.dead.push(s);
+                continue;
+            }
             info!(session = %s.id, name = %s.name, state = %s.state, "sweep: removing a session left by a previous daemon");
             if let Err(e) = self.remove_record(&s).await {
                 warn!("sweep: {}", crate::error_chain(&e));
             }
         }
+        let kept: Vec<String> = found
+            .adopted
+            .iter()
+            .chain(&found.dead)
+            .map(|s| s.id.clone())
+            .collect();
         // Resources whose session row is gone (a crash inside create or rm).
         if let Ok(all) = self.catalog.all_resources() {
             let mut owners: Vec<String> = all
                 .into_iter()
                 .map(|r| r.owner)
-                .filter(|o| o != DAEMON)
+                .filter(|o| o != DAEMON && !kept.contains(o))
                 .collect();
+            owners.sort();
             owners.dedup();
             for o in owners {
                 info!(owner = %o, "sweep: removing resources of a vanished session");
@@ -313,6 +400,9 @@ impl Manager {
         // the ledger records them first, so this finds nothing unless the
         // catalog itself was lost).
         for child in drums_cgroup::list_children(&self.cfg.cgroup_parent) {
+            if kept.contains(&child) {
+                continue;
+            }
             warn!(cgroup = %child, "sweep: removing an unrecorded cgroup");
             let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &child);
             if let Err(e) = tokio::task::spawn_blocking(move || cg.remove())
@@ -322,6 +412,7 @@ impl Manager {
                 warn!("sweep: {}", crate::error_chain(&e));
             }
         }
+        found
     }
 
     pub fn list(&self) -> Result<Vec<Session>, SessionError> {
@@ -412,10 +503,17 @@ impl Manager {
     }
 
     async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
-        self.catalog.set_session_state(&rec.id, "removing", None)?;
-        self.forget_turns(&rec.name);
         // Its queued versions are dropped; a running one finishes first.
         self.engine.cancel_session(&rec.id).await;
+        self.remove_stopped(rec).await
+    }
+
+    /// Remove a session none of whose versions is being taken, or from
+    /// inside the job that takes its last one (a checkpoint without
+    /// `leave_running`, which waiting for its own job would deadlock).
+    pub(crate) async fn remove_stopped(&self, rec: &SessionRecord) -> Result<(), SessionError> {
+        self.catalog.set_session_state(&rec.id, "removing", None)?;
+        self.forget_turns(&rec.name);
         teardown::remove_owned(self, &rec.id).await?;
         // Its history goes with it, but for what a person pinned.
         self.drop_history(&rec.id).await?;

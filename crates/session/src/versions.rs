@@ -442,7 +442,7 @@ impl Manager {
                 }
                 if !job.leave_running {
                     // CRIU killed the tree after dumping it; remove the rest.
-                    self.remove(&rec.id).await?;
+                    self.remove_stopped(&rec).await?;
                 }
                 Ok(m)
             }
@@ -528,20 +528,73 @@ impl Manager {
     /// range) continues from one of its versions. Its queued jobs are
     /// cancelled and a running one finishes first; the versions after the
     /// target stay until retention drops them, so a rollback can be undone.
-    pub async fn rollback(
-        self: &Arc<Self>,
-        id_or_name: &str,
-        to: Option<&str>,
-    ) -> Result<Session, SessionError> {
+    pub async fn rollback(&self, id_or_name: &str, to: Option<&str>) -> Result<Session, SessionError> {
         let rec = self.record(id_or_name)?;
         if rec.state != "running" {
             return Err(SessionError::Conflict(format!(
-                "session {} is {}: only a running session rolls back (see `drums recover`)",
+                "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
+            )));
+        }
+        if self.live_init(&rec).is_none() {
+            return Err(SessionError::Conflict(format!(
+                "the processes of session {} died: `drums recover` brings back its newest version",
+                rec.name
             )));
         }
         self.engine.cancel_session(&rec.id).await;
         let target = self.version_of(&rec, to)?;
+        self.restore_in_place(&rec, &target, "rolled back").await
+    }
+
+    /// `drums recover`: a session whose processes died comes back from its
+    /// newest done version, under the same identity.
+    pub async fn recover(&self, id_or_name: &str) -> Result<Session, SessionError> {
+        let rec = self.record(id_or_name)?;
+        if self.live_init(&rec).is_some() {
+            return Err(SessionError::Conflict(format!(
+                "session {} is running: `drums rollback` takes it back to a version",
+                rec.name
+            )));
+        }
+        if rec.state != "running" {
+            return Err(SessionError::Conflict(format!(
+                "session {} is {}",
+                rec.name, rec.state
+            )));
+        }
+        self.engine.cancel_session(&rec.id).await;
+        self.recover_record(&rec).await
+    }
+
+    pub(crate) async fn recover_record(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+    ) -> Result<Session, SessionError> {
+        let newest = self
+            .catalog
+            .session_versions(&rec.id)?
+            .into_iter()
+            .rev()
+            .find(|v| v.state == "done" && v.process_of.is_some())
+            .ok_or_else(|| {
+                SessionError::Conflict(format!(
+                    "session {} has no done version with processes to recover from",
+                    rec.name
+                ))
+            })?;
+        self.restore_in_place(rec, &newest, "recovered").await
+    }
+
+    /// Replace what session `rec` runs on with version `target`'s artifacts,
+    /// keeping its catalog row (identity). On failure the session is removed
+    /// with its unpinned versions, as `drums rm` would.
+    async fn restore_in_place(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        target: &VersionRecord,
+        what: &str,
+    ) -> Result<Session, SessionError> {
         let (_, m) = self.manifest(&target.id)?;
         let limits = self
             .limits
@@ -553,7 +606,7 @@ impl Manager {
         let lower = self.images.get(&m.session.image)?.rootfs;
         if m.process_of().is_none() {
             return Err(SessionError::Conflict(format!(
-                "version {} of session {} holds files only (the files policy): it has no processes to roll back to",
+                "version {} of session {} holds files only (the files policy): it has no processes to restore",
                 target.number.unwrap_or(0),
                 rec.name
             )));
@@ -565,20 +618,16 @@ impl Manager {
         // id range, name) stays, and the version's artifacts come back under
         // the same identity. No hygiene: no clone of it is alive.
         teardown::remove_owned(self, &rec.id).await?;
-        let built = self.rebuild(&rec, &m, &limits, &lower).await;
+        let built = self.rebuild(rec, &m, &limits, &lower).await;
         let failed = built.is_err();
-        let session = match self.settle(&rec, built).await {
+        let session = match self.settle(rec, built).await {
             Ok(s) => s,
             Err(e) => {
                 // The session is gone (settle removed what the rebuild
                 // made): its history goes with it, as with `drums rm`.
                 if failed {
                     if let Err(t) = self.drop_history(&rec.id).await {
-                        warn!(
-                            "drop the history of {}: {}",
-                            rec.name,
-                            crate::error_chain(&t)
-                        );
+                        warn!("drop the history of {}: {}", rec.name, crate::error_chain(&t));
                     }
                 }
                 return Err(e);
@@ -588,8 +637,14 @@ impl Manager {
             p.at = Some(target.id.clone());
             p.needs_full = false;
         });
-        info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "rolled back");
+        info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{what}");
         Ok(session)
+    }
+
+    /// `fork --at`: the id of a done version of the session.
+    pub fn version_of_session(&self, id_or_name: &str, at: &str) -> Result<String, SessionError> {
+        let rec = self.record(id_or_name)?;
+        Ok(self.version_of(&rec, Some(at))?.id)
     }
 
     /// A done version of `rec` by id, name or number; its position if none.

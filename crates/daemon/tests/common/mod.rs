@@ -390,6 +390,7 @@ impl TestDaemon {
                 "/v1/debug/faults",
                 Some(&drums_api::Fault {
                     point: point.map(str::to_owned),
+                    hold: false,
                 }),
             )
             .await
