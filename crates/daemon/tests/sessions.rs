@@ -145,7 +145,10 @@ fn a_restarted_daemon_adopts_live_sessions_and_sweeps_dead_ones() {
     });
     let pids: Vec<i32> = sessions.iter().map(|s| s.init_pid.unwrap()).collect();
     // A process of the first session whose memory is the only record of it.
-    let (code, _, err) = d.sh(&sessions[0].id, "echo kept > /root/f; nohup sleep 1000 >/dev/null 2>&1 &");
+    let (code, _, err) = d.sh(
+        &sessions[0].id,
+        "echo kept > /root/f; nohup sleep 1000 >/dev/null 2>&1 &",
+    );
     assert_eq!(code, 0, "{err}");
     d.kill9();
     // The sessions outlive their daemon...
@@ -157,7 +160,11 @@ fn a_restarted_daemon_adopts_live_sessions_and_sweeps_dead_ones() {
     }
     assert_eq!(d.session_links().len(), 3);
     // ...and one dies while no daemon runs.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[2]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[2]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     assert!(common::gone(|| !drums_session::process::alive(pids[2])));
     d.restart(&subnet);
 
@@ -186,12 +193,18 @@ fn a_restarted_daemon_adopts_live_sessions_and_sweeps_dead_ones() {
     });
     // Adopted sessions work: exec, their files and processes are there, and
     // their firewall port is back.
-    let (code, out, err) = d.sh(&sessions[0].id, "cat /root/f; pgrep -x sleep >/dev/null && echo sleeping");
+    let (code, out, err) = d.sh(
+        &sessions[0].id,
+        "cat /root/f; pgrep -x sleep >/dev/null && echo sleeping",
+    );
     assert_eq!((code, out.as_str()), (0, "kept\nsleeping"), "{err}");
     let ports = drums_net::firewall::ports(&d.bridge).unwrap();
     for s in &sessions[..2] {
         let ip: std::net::Ipv4Addr = s.ip.as_deref().unwrap().parse().unwrap();
-        assert!(ports.iter().any(|(_, p)| *p == ip), "{ip} has no firewall port: {ports:?}");
+        assert!(
+            ports.iter().any(|(_, p)| *p == ip),
+            "{ip} has no firewall port: {ports:?}"
+        );
     }
     assert!(!drums_session::process::alive(pids[2]));
     assert_eq!(d.session_links().len(), 2, "the dead session's veth went");

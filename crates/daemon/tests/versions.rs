@@ -315,7 +315,8 @@ fn catalog_state(d: &TestDaemon, id: &str) -> Option<String> {
 /// newest done state, and when they die while no daemon runs, the next
 /// daemon recovers it by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_brings_the_newest_back() {
+async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_brings_the_newest_back(
+) {
     let mut d = TestDaemon::start();
     let subnet = d.subnet();
     let s = d
@@ -325,12 +326,31 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
         })
         .await
         .unwrap();
-    let v1 = took(&turn(&d, "life", &format!("echo a > /root/a; {SERVER}"), Policy::Selective).await);
-    let v2 = took(&turn(&d, "life", &format!("echo b > /root/b; {}", ask_script("inc")), Policy::Selective).await);
+    let v1 = took(
+        &turn(
+            &d,
+            "life",
+            &format!("echo a > /root/a; {SERVER}"),
+            Policy::Selective,
+        )
+        .await,
+    );
+    let v2 = took(
+        &turn(
+            &d,
+            "life",
+            &format!("echo b > /root/b; {}", ask_script("inc")),
+            Policy::Selective,
+        )
+        .await,
+    );
     assert_eq!(v2.state, "done");
     let done = vec![v1.id.clone(), v2.id.clone()];
 
-    for (point, state) in [("checkpoint.criu", "dumping"), ("version.manifest", "versioning")] {
+    for (point, state) in [
+        ("checkpoint.criu", "dumping"),
+        ("version.manifest", "versioning"),
+    ] {
         d.client
             .call(
                 Method::POST,
@@ -346,7 +366,11 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
             .call(Method::POST, "/v1/sessions/life/turn/begin", None::<&()>)
             .await
             .unwrap();
-        assert_eq!(d.sh("life", &format!("echo c > /root/c; {}", ask_script("inc"))).0, 0);
+        assert_eq!(
+            d.sh("life", &format!("echo c > /root/c; {}", ask_script("inc")))
+                .0,
+            0
+        );
         let e: TurnEffects = d
             .client
             .json(
@@ -370,22 +394,51 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
                     break v.clone();
                 }
             }
-            assert!(std::time::Instant::now() < deadline, "{point}: no version {state}: {vs:#?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{point}: no version {state}: {vs:#?}"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         };
         d.kill9();
-        assert_eq!(catalog_state(&d, &held.id).as_deref(), Some(state), "{point}");
+        assert_eq!(
+            catalog_state(&d, &held.id).as_deref(),
+            Some(state),
+            "{point}"
+        );
         d.restart(&subnet);
-        let after: Vec<String> = versions(&d, "life").await.into_iter().map(|v| v.id).collect();
+        let after: Vec<String> = versions(&d, "life")
+            .await
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
         assert_eq!(after, done, "{point}: only done versions after the restart");
-        assert_eq!(catalog_state(&d, &held.id), None, "{point}: the unpublished row went");
-        assert!(!d.state.path().join("checkpoints").join(&held.id).exists(), "{point}: its directory went");
+        assert_eq!(
+            catalog_state(&d, &held.id),
+            None,
+            "{point}: the unpublished row went"
+        );
         assert!(
-            !d.state.path().join("store/checkpoints").join(&held.id).exists(),
+            !d.state.path().join("checkpoints").join(&held.id).exists(),
+            "{point}: its directory went"
+        );
+        assert!(
+            !d.state
+                .path()
+                .join("store/checkpoints")
+                .join(&held.id)
+                .exists(),
             "{point}: its snapshot went"
         );
-        let now: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/life", None::<&()>).await.unwrap();
-        assert_eq!(now.init_pid, s.init_pid, "{point}: the live session was adopted");
+        let now: drums_api::Session = d
+            .client
+            .json(Method::GET, "/v1/sessions/life", None::<&()>)
+            .await
+            .unwrap();
+        assert_eq!(
+            now.init_pid, s.init_pid,
+            "{point}: the live session was adopted"
+        );
     }
     // The server counted every inc: 1 in turn 2, and one per held turn.
     assert_eq!(ask(&d, "life", "get"), "3");
@@ -396,25 +449,58 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
     let o = d.drums(&["recover", "life"]);
     assert_eq!(o.status.code(), Some(4), "a live session is not recovered");
     let init = s.init_pid.unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     assert!(common::gone(|| !drums_session::process::alive(init)));
     let o = d.drums(&["rollback", "life"]);
-    assert_eq!(o.status.code(), Some(4), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = d.drums(&["recover", "life"]);
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stderr), d.log());
-    let files = |d: &TestDaemon| d.sh("life", "cat /root/a /root/b /root/c 2>/dev/null; true").1;
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    let files = |d: &TestDaemon| {
+        d.sh("life", "cat /root/a /root/b /root/c 2>/dev/null; true")
+            .1
+    };
     assert_eq!(files(&d), "a\nb");
     assert_eq!(ask(&d, "life", "get"), "1");
-    let now: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/life", None::<&()>).await.unwrap();
-    assert_eq!((&now.id, &now.ip, &now.hostname), (&s.id, &s.ip, &s.hostname));
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/life", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(
+        (&now.id, &now.ip, &now.hostname),
+        (&s.id, &s.ip, &s.hostname)
+    );
 
     // They die while no daemon runs: the next one recovers the session.
     d.kill9();
     let init = now.init_pid.unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     assert!(common::gone(|| !drums_session::process::alive(init)));
     d.restart(&subnet);
-    assert!(d.log().contains("recovering a session whose processes died"), "{}", d.log());
+    assert!(
+        d.log()
+            .contains("recovering a session whose processes died"),
+        "{}",
+        d.log()
+    );
     assert_eq!(files(&d), "a\nb");
     assert_eq!(ask(&d, "life", "get"), "1");
 
@@ -436,8 +522,21 @@ async fn fork_at_a_version_branches_from_it() {
         .unwrap();
     let v1 = took(&turn(&d, "tree", "echo root > /root/n", Policy::Selective).await);
     took(&turn(&d, "tree", "echo later > /root/n", Policy::Selective).await);
-    let o = d.drums(&["fork", "tree", "--at", &v1.number.to_string(), "--count", "2", "--json"]);
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stderr), d.log());
+    let o = d.drums(&[
+        "fork",
+        "tree",
+        "--at",
+        &v1.number.to_string(),
+        "--count",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
     let r: drums_api::RestoreResult = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r.checkpoint, v1.id);
     assert_eq!(r.sessions.len(), 2);
@@ -445,11 +544,19 @@ async fn fork_at_a_version_branches_from_it() {
         assert_eq!(d.sh(&sib.id, "cat /root/n").1, "root");
         assert_ne!(sib.id, s.id);
     }
-    assert_eq!(d.sh("tree", "cat /root/n").1, "later", "the session itself is untouched");
+    assert_eq!(
+        d.sh("tree", "cat /root/n").1,
+        "later",
+        "the session itself is untouched"
+    );
     let before = versions(&d, "tree").await.len();
     let o = d.drums(&["fork", "tree", "--at", "99"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_eq!(versions(&d, "tree").await.len(), before, "no checkpoint was taken");
+    assert_eq!(
+        versions(&d, "tree").await.len(),
+        before,
+        "no checkpoint was taken"
+    );
     for sib in &r.sessions {
         d.rm(&sib.id).await.unwrap();
     }

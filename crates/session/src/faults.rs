@@ -78,7 +78,10 @@ impl Faults {
         if self.hold.load(std::sync::atomic::Ordering::SeqCst)
             && self.armed().as_deref() == Some(point)
         {
-            tracing::warn!(point, "fault injection: holding here until drumsd is killed");
+            tracing::warn!(
+                point,
+                "fault injection: holding here until drumsd is killed"
+            );
             std::future::pending::<()>().await;
         }
     }

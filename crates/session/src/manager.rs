@@ -86,6 +86,8 @@ pub struct Manager {
     /// The host's checkpoint scheduler: every version of every session.
     pub(crate) engine: drums_engine::Scheduler<crate::versions::VersionJob>,
     pub(crate) positions: crate::versions::Positions,
+    /// Sessions whose old versions are being dropped right now.
+    pub(crate) retaining: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The sessions a previous daemon left that the sweep keeps.
@@ -200,6 +202,7 @@ impl Manager {
             limits,
             engine: drums_engine::Scheduler::new(drums_engine::Config::default())?,
             positions: Default::default(),
+            retaining: Default::default(),
         };
         let found = m.sweep().await;
 
@@ -255,7 +258,11 @@ impl Manager {
                 }
             }
             if let Err(e) = drums_net::firewall::add_port(&self.cfg.bridge, &port) {
-                warn!("adopt {}: firewall port: {}", s.name, crate::error_chain(&e));
+                warn!(
+                    "adopt {}: firewall port: {}",
+                    s.name,
+                    crate::error_chain(&e)
+                );
             }
         }
         for s in found.dead {

@@ -369,7 +369,10 @@ impl Manager {
 
     /// Take one version: decide what it takes, take it, write its manifest,
     /// publish it, and let retention go.
-    pub(crate) async fn take_version(&self, job: VersionJob) -> Result<Manifest, SessionError> {
+    pub(crate) async fn take_version(
+        self: &Arc<Self>,
+        job: VersionJob,
+    ) -> Result<Manifest, SessionError> {
         let (rec, pid) = self.running(&job.session_id)?;
         let pos = self.position(&rec.id);
         let head = match &pos.at {
@@ -437,9 +440,14 @@ impl Manager {
                     p.needs_full = false;
                 });
                 info!(session = %rec.name, version = info.number, took = took.as_str(), "version done");
-                if let Err(e) = self.retain(&rec.id).await {
-                    warn!("retention for {}: {}", rec.name, crate::error_chain(&e));
-                }
+                // Off the job: its waiter (an agent's held LLM answer) need
+                // not wait for old versions' subvolumes to be deleted.
+                let (me, sid, name) = (Arc::clone(self), rec.id.clone(), rec.name.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = me.retain(&sid).await {
+                        warn!("retention for {name}: {}", crate::error_chain(&e));
+                    }
+                });
                 if !job.leave_running {
                     // CRIU killed the tree after dumping it; remove the rest.
                     self.remove_stopped(&rec).await?;
@@ -461,6 +469,26 @@ impl Manager {
     /// every pinned one, and the one it is at; drop the rest, and each
     /// artifact once no kept version uses it.
     pub(crate) async fn retain(&self, session_id: &str) -> Result<(), SessionError> {
+        // One pass per session at a time: a pass that finds one running
+        // leaves its work to the next version's pass, so at most one
+        // version more than the limit stays meanwhile.
+        if !self
+            .retaining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session_id.to_owned())
+        {
+            return Ok(());
+        }
+        let r = self.retain_pass(session_id).await;
+        self.retaining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session_id);
+        r
+    }
+
+    async fn retain_pass(&self, session_id: &str) -> Result<(), SessionError> {
         let at = self.position(session_id).at;
         let all = self.catalog.session_versions(session_id)?;
         let finished: Vec<&VersionRecord> = all
@@ -528,7 +556,11 @@ impl Manager {
     /// range) continues from one of its versions. Its queued jobs are
     /// cancelled and a running one finishes first; the versions after the
     /// target stay until retention drops them, so a rollback can be undone.
-    pub async fn rollback(&self, id_or_name: &str, to: Option<&str>) -> Result<Session, SessionError> {
+    pub async fn rollback(
+        &self,
+        id_or_name: &str,
+        to: Option<&str>,
+    ) -> Result<Session, SessionError> {
         let rec = self.record(id_or_name)?;
         if rec.state != "running" {
             return Err(SessionError::Conflict(format!(
@@ -627,7 +659,11 @@ impl Manager {
                 // made): its history goes with it, as with `drums rm`.
                 if failed {
                     if let Err(t) = self.drop_history(&rec.id).await {
-                        warn!("drop the history of {}: {}", rec.name, crate::error_chain(&t));
+                        warn!(
+                            "drop the history of {}: {}",
+                            rec.name,
+                            crate::error_chain(&t)
+                        );
                     }
                 }
                 return Err(e);
