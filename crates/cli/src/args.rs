@@ -328,6 +328,18 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The checkpoint engine's versions (docs/engine.md): files-only,
+    /// process-only and full versions of a headless and a desktop session,
+    /// interleaved; their frozen time and bytes written; rollback to each;
+    /// queue wait with 1, 4 and 16 sessions ending turns at once, promotion
+    /// off and on. JSON keys are in `crates/cli/src/bench/engine.rs`.
+    Engine {
+        /// Measured rounds (after one unmeasured round).
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold start vs hygienic restore, interleaved; forks of 1, 4, 8;
     /// memory per session cold vs restored; dump time and image size.
     Restore {

@@ -10,10 +10,12 @@ use serde_json::json;
 
 mod confinement;
 mod desktop;
+mod engine;
 mod freeze;
 mod inspect;
 
 pub use confinement::confinement;
+pub use engine::engine;
 pub use freeze::freeze;
 pub use inspect::inspect;
 

@@ -77,6 +77,7 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Bench(BenchCommand::Confinement { profile, n, json }) => {
             bench::confinement(&c, profile, *n, *json).await
         }
+        Command::Bench(BenchCommand::Engine { n, json }) => bench::engine(&c, *n, *json).await,
         Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
     }
 }
