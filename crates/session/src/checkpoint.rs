@@ -41,6 +41,14 @@ pub fn external_mounts_restore(bin_dir: &std::path::Path) -> Vec<(String, PathBu
     v
 }
 
+/// Whether a process that was in the session before a dump is gone after it.
+fn vanished(before: &[i32], cgroup: &drums_cgroup::Cgroup) -> bool {
+    match cgroup.pids() {
+        Ok(after) => before.iter().any(|p| !after.contains(p)),
+        Err(_) => false,
+    }
+}
+
 /// How often a dump is tried when a netlink socket had unread messages.
 const DUMP_ATTEMPTS: u32 = 3;
 /// CRIU's error for that case (criu/sk-netlink.c).
@@ -56,10 +64,16 @@ impl Manager {
     }
 
     pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
-        let (rec, pid) = self.running(&req.session)?;
         if let Some(n) = &req.name {
             validate_name_of("checkpoint", n)?;
         }
+        // Held to the end, the session's stop included: a remove of this
+        // session waits for the dump rather than kill what CRIU has seized.
+        // The state is read under the lock: a remove that came first leaves
+        // the session removing (409) or gone (404).
+        let held_id = self.record(&req.session)?.id;
+        let _held = self.busy.lock(&held_id).await;
+        let (rec, pid) = self.running(&held_id)?;
         let id = random_hex(6);
         let ck = CheckpointRecord {
             id: id.clone(),
@@ -100,8 +114,9 @@ impl Manager {
                     owner,
                 )?;
                 if !req.leave_running {
-                    // CRIU killed the tree after dumping it; remove the rest.
-                    self.remove(&rec.id).await?;
+                    // CRIU killed the tree after dumping it; remove the rest
+                    // (the caller holds the session's lock).
+                    self.remove_record(rec).await?;
                 }
                 Ok(to_api(&m))
             }
@@ -160,7 +175,10 @@ impl Manager {
         };
         let started = Instant::now();
         let mut attempt = 1;
+        let mut retried_exit = false;
+        let cgroup = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
         let report = loop {
+            let before = cgroup.pids().unwrap_or_default();
             let (criu, opts) = (self.criu.clone(), opts.clone());
             let (upper, target, snapshot_fault) =
                 (upper.clone(), snap.clone(), snapshot_fault.clone());
@@ -190,7 +208,10 @@ impl Manager {
             })
             .await
             .expect("dump task does not panic");
-            match result {
+            // Nothing to try again once the snapshot is made: the files are
+            // already in the checkpoint.
+            let again = match &result {
+                Err(_) if snap.exists() => None,
                 // CRIU cannot dump a netlink socket with unread messages. A
                 // browser's route-monitoring socket gets one whenever the
                 // session's network changes (an IPv6 address finishing its
@@ -198,17 +219,33 @@ impl Manager {
                 // the failed dump thawed the tree, the browser reads it, and
                 // the next attempt finds the queue empty.
                 Err(e)
-                    if attempt < DUMP_ATTEMPTS
-                        && crate::error_chain(&e).contains(NETLINK_BUSY)
-                        && !snap.exists() =>
+                    if attempt < DUMP_ATTEMPTS && crate::error_chain(&e).contains(NETLINK_BUSY) =>
                 {
-                    warn!("checkpoint {}: {NETLINK_BUSY}; dumping again", ck.id);
+                    Some(NETLINK_BUSY)
+                }
+                // A task that dies while CRIU has it seized (SIGKILLed by the
+                // OOM killer, or by a process CRIU had not frozen yet) fails
+                // the dump: CRIU cannot cure or detach from it. The session
+                // lives on without it, so one more dump, of the tree as it now
+                // is, usually succeeds. Told from CRIU's own failures by the
+                // session's pids, not by CRIU's wording; only once, so a real
+                // failure in a session whose processes come and go is
+                // reported after one retry.
+                Err(_) if !retried_exit && vanished(&before, &cgroup) => {
+                    retried_exit = true;
+                    Some("a process of the session exited during the dump")
+                }
+                _ => None,
+            };
+            match (result, again) {
+                (Err(_), Some(why)) => {
+                    warn!("checkpoint {}: {why}; dumping again", ck.id);
                     attempt += 1;
                     std::fs::remove_dir_all(&images).map_err(io("clear", &images))?;
                     std::fs::create_dir_all(&images).map_err(io("create", &images))?;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                other => break other?,
+                (result, _) => break result?,
             }
         };
         let frozen_ms = report

@@ -83,6 +83,8 @@ pub struct Manager {
     pub(crate) turns: tokio::sync::broadcast::Sender<crate::inspect::TurnNews>,
     /// The defaults and bounds every request and manifest is held to.
     pub(crate) limits: crate::limits::LimitPolicy,
+    /// Per session: a remove waits for a dump in flight (see `busy`).
+    pub(crate) busy: crate::busy::SessionLocks,
 }
 
 /// The disk quota a session gets when neither its request nor drumsd's config
@@ -182,6 +184,7 @@ impl Manager {
             bin_dir,
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
+            busy: Default::default(),
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
@@ -395,11 +398,17 @@ impl Manager {
 
     /// `drums rm`: kill the session and remove everything it owned.
     pub async fn remove(&self, id_or_name: &str) -> Result<(), SessionError> {
-        let rec = self.record(id_or_name)?;
+        let id = self.record(id_or_name)?.id;
+        let _held = self.busy.lock(&id).await;
+        // Read again: a checkpoint that stops its session may have removed it
+        // while this waited.
+        let rec = self.record(&id)?;
         self.remove_record(&rec).await
     }
 
-    async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
+    /// Remove a session whose lock (see `busy`) the caller holds, or that no
+    /// other operation can reach (the sweep at start).
+    pub(crate) async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
         self.catalog.set_session_state(&rec.id, "removing", None)?;
         self.forget_turns(&rec.name);
         teardown::remove_owned(self, &rec.id).await?;
@@ -413,6 +422,8 @@ impl Manager {
     pub async fn shutdown(&self) -> Result<(), SessionError> {
         let mut first_err = None;
         for s in self.catalog.sessions()? {
+            // A dump in flight finishes first (see `busy`).
+            let _held = self.busy.lock(&s.id).await;
             if let Err(e) = self.remove_record(&s).await {
                 warn!("shutdown: {}", crate::error_chain(&e));
                 first_err.get_or_insert(e);

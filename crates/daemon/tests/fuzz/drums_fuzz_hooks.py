@@ -123,12 +123,6 @@ KNOWN = [
     # -- drumsd defects this fuzzer found, recorded, not fixed yet -----------
     (
         "ST101",
-        ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints"),
-        _says("criu dump failed"),
-        "drumsd: a dump races a process of the session exiting, e.g. a concurrent remove (compel: unable to detach)",
-    ),
-    (
-        "ST101",
         ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints/{checkpoint}/restore"),
         _says("criu restore failed"),
         "drumsd: a restore of a fuzzed checkpoint fails in CRIU (mnt: no root found for tree)",
