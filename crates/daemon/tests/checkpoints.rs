@@ -652,3 +652,69 @@ fn a_process_killed_during_a_dump_is_dumped_again() {
     });
     d.stop_and_check_leaks();
 }
+
+/// A checkpoint removed while a restore of it runs waits for the restore:
+/// the siblings run, the remove succeeds, nothing is left. Before, the remove
+/// deleted the images and snapshot under the restore, which answered 500 (a
+/// missing image, "is not a btrfs subvolume", or CRIU reading a deleted image
+/// as empty: "No kIDs provided", "mnt: No root found for tree").
+#[test]
+fn a_checkpoint_remove_during_a_restore_waits_for_it() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut restored = 0;
+        for delay_ms in [0u64, 10, 20, 25, 30, 35, 40, 50, 70] {
+            let ck = d.checkpoint(&s.id, false, true).await;
+            let rm = async {
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                d.client
+                    .call(
+                        Method::DELETE,
+                        &format!("/v1/checkpoints/{}", ck.id),
+                        None::<&()>,
+                    )
+                    .await
+            };
+            let (r, removed) = tokio::join!(d.restore(&ck.id, 2), rm);
+            let what = format!("a restore with a remove after {delay_ms} ms");
+            if raced(&what, &r, &d.log()) {
+                restored += 1;
+            }
+            removed.unwrap_or_else(|e| panic!("{what}: the remove: {e}\n{}", d.log()));
+            let l: drums_api::SessionList = d
+                .client
+                .json(Method::GET, "/v1/sessions", None::<&()>)
+                .await
+                .unwrap();
+            for x in l.sessions.iter().filter(|x| x.id != s.id) {
+                assert_eq!(d.sh(&x.id, "echo alive").1, "alive", "{what}");
+                d.rm(&x.id).await.unwrap();
+            }
+        }
+        assert!(restored > 0, "every restore lost the race to its remove");
+        let l: drums_api::CheckpointList = d
+            .client
+            .json(Method::GET, "/v1/checkpoints", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.checkpoints.is_empty(), "checkpoints left: {l:?}");
+        for dir in ["checkpoints", "store/checkpoints"] {
+            let left: Vec<_> = std::fs::read_dir(d.state.path().join(dir))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "{dir}: left {left:?}");
+        }
+        d.rm(&s.id).await.unwrap();
+        d.assert_no_session_left("after the races").await;
+    });
+    d.stop_and_check_leaks();
+}

@@ -1,48 +1,76 @@
-//! One lock per session, held by the operations that must not overlap on the
-//! same session: a checkpoint's dump and a remove.
+//! Locks per session and per checkpoint, held by the operations that must not
+//! overlap on the same one.
 //!
-//! A remove kills the session's processes while CRIU has them seized. CRIU
-//! then fails to cure or detach from tasks that are gone (compel: "unable to
-//! detach ... no such process"), or finds the session's network namespace
-//! half torn down, and the dump answered 500; with two clients at once CRIU
-//! could even hang on an init it had seized while the teardown waited for
-//! it to exit. With the lock, a remove waits for the dump in flight (a few
-//! hundred ms for a desktop), and a checkpoint that comes second finds the
-//! session removing or gone (409 or 404), as it would have a moment later.
+//! - A session: a checkpoint's dump and a remove (both exclusive). A remove
+//!   killed the session's processes while CRIU had them seized: CRIU failed
+//!   to cure or detach from tasks that were gone (compel: "unable to detach
+//!   ... no such process"), or found the network namespace half torn down,
+//!   and the dump answered 500; with two clients at once CRIU could hang on
+//!   an init it had seized while the teardown waited for it to exit. Now a
+//!   remove waits for the dump in flight (a few hundred ms for a desktop),
+//!   and a checkpoint that comes second finds the session removing or gone
+//!   (409 or 404), as it would have a moment later.
+//! - A checkpoint: restores share it, a remove takes it alone. A remove
+//!   deleted the images and the snapshot under a restore that was reading
+//!   them: the restore answered 500 (a missing image file, "is not a btrfs
+//!   subvolume", or CRIU's "mnt: No root found for tree" once the mount
+//!   image had gone). Now a remove waits for the restores in flight, and a
+//!   restore that comes second finds the checkpoint gone (404).
 //!
-//! Entries live only while someone holds or waits for a session's lock, so
-//! the map never outgrows the operations in flight.
+//! Entries live only while someone holds or waits for a lock, so a map never
+//! outgrows the operations in flight.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
+/// One lock per id (a session's or a checkpoint's id, never a name: a name
+/// can be taken again by another one).
 #[derive(Default)]
-pub(crate) struct SessionLocks {
-    map: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+pub(crate) struct Locks {
+    map: Mutex<HashMap<String, Arc<RwLock<()>>>>,
 }
 
-/// A session's lock, held until dropped.
+/// Never read: each guard is held only for its drop, which lets the lock go.
+#[allow(dead_code)]
+enum Guard {
+    Shared(OwnedRwLockReadGuard<()>),
+    Alone(OwnedRwLockWriteGuard<()>),
+}
+
+/// A lock held until dropped.
 pub(crate) struct Held<'a> {
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: Option<Guard>,
     id: String,
-    locks: &'a SessionLocks,
+    locks: &'a Locks,
 }
 
-impl SessionLocks {
-    /// Wait for session `id`'s lock (its id, never its name: a name can be
-    /// taken again by another session).
-    pub(crate) async fn lock(&self, id: &str) -> Held<'_> {
-        let m = self
-            .map
+impl Locks {
+    fn entry(&self, id: &str) -> Arc<RwLock<()>> {
+        self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(id.to_owned())
             .or_default()
-            .clone();
+            .clone()
+    }
+
+    /// Wait until nobody else holds `id`, and hold it alone.
+    pub(crate) async fn alone(&self, id: &str) -> Held<'_> {
+        let guard = Guard::Alone(self.entry(id).write_owned().await);
+        self.held(id, guard)
+    }
+
+    /// Hold `id` along with other sharers, once nobody holds it alone.
+    pub(crate) async fn shared(&self, id: &str) -> Held<'_> {
+        let guard = Guard::Shared(self.entry(id).read_owned().await);
+        self.held(id, guard)
+    }
+
+    fn held(&self, id: &str, guard: Guard) -> Held<'_> {
         Held {
-            guard: Some(m.lock_owned().await),
+            guard: Some(guard),
             id: id.to_owned(),
             locks: self,
         }
@@ -72,19 +100,41 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn a_second_holder_waits_and_the_map_empties() {
-        let locks = Arc::new(SessionLocks::default());
-        let first = locks.lock("a").await;
-        // Another session is not held up.
-        drop(locks.lock("b").await);
+    async fn alone_waits_for_everyone_and_the_map_empties() {
+        let locks = Arc::new(Locks::default());
+        let first = locks.alone("a").await;
+        // Another id is not held up.
+        drop(locks.alone("b").await);
         let l2 = locks.clone();
         let waiter = tokio::spawn(async move {
-            let _g = l2.lock("a").await;
+            let _g = l2.alone("a").await;
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished(), "the second holder did not wait");
         drop(first);
         waiter.await.unwrap();
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn sharers_share_and_alone_waits_for_them() {
+        let locks = Arc::new(Locks::default());
+        let r1 = locks.shared("a").await;
+        let r2 = locks.shared("a").await;
+        let l2 = locks.clone();
+        let writer = tokio::spawn(async move {
+            let _g = l2.alone("a").await;
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!writer.is_finished(), "alone did not wait for the sharers");
+        drop(r1);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !writer.is_finished(),
+            "alone did not wait for the last sharer"
+        );
+        drop(r2);
+        writer.await.unwrap();
         assert_eq!(locks.len(), 0);
     }
 }

@@ -64,6 +64,7 @@ impl Manager {
     }
 
     pub async fn checkpoint(&self, req: &CreateCheckpoint) -> Result<Checkpoint, SessionError> {
+        let held_id = self.record(&req.session)?.id;
         if let Some(n) = &req.name {
             validate_name_of("checkpoint", n)?;
         }
@@ -71,8 +72,7 @@ impl Manager {
         // session waits for the dump rather than kill what CRIU has seized.
         // The state is read under the lock: a remove that came first leaves
         // the session removing (409) or gone (404).
-        let held_id = self.record(&req.session)?.id;
-        let _held = self.busy.lock(&held_id).await;
+        let _held = self.busy_sessions.alone(&held_id).await;
         let (rec, pid) = self.running(&held_id)?;
         let id = random_hex(6);
         let ck = CheckpointRecord {
@@ -323,10 +323,16 @@ impl Manager {
 
     /// `drums checkpoint rm`: the images, the snapshot, then the record.
     pub async fn remove_checkpoint(&self, id_or_name: &str) -> Result<(), SessionError> {
-        let ck = self
-            .catalog
-            .checkpoint(id_or_name)?
-            .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
+        let found = |id: &str| {
+            self.catalog
+                .checkpoint(id)?
+                .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))
+        };
+        let id = found(id_or_name)?.id;
+        // Restores in flight read its images and snapshot: they finish first
+        // (see `busy`). Read again: another remove may have come first.
+        let _held = self.busy_checkpoints.alone(&id).await;
+        let ck = found(&id)?;
         let owner = format!("ckpt:{}", ck.id);
         self.catalog.record(
             &owner,

@@ -8,7 +8,8 @@
 //!   create, at shutdown, and in the sweep at daemon start;
 //! - [`process`] holds the few process helpers (start times, reaping);
 //! - [`inspect`] is where turn boundaries meet the eBPF inspector;
-//! - `busy` keeps a checkpoint's dump and a remove of the same session apart.
+//! - `busy` keeps a dump and a remove of one session apart, and a restore
+//!   and a remove of one checkpoint.
 
 pub mod archive;
 pub mod audit;

@@ -84,7 +84,9 @@ pub struct Manager {
     /// The defaults and bounds every request and manifest is held to.
     pub(crate) limits: crate::limits::LimitPolicy,
     /// Per session: a remove waits for a dump in flight (see `busy`).
-    pub(crate) busy: crate::busy::SessionLocks,
+    pub(crate) busy_sessions: crate::busy::Locks,
+    /// Per checkpoint: a remove waits for the restores in flight.
+    pub(crate) busy_checkpoints: crate::busy::Locks,
 }
 
 /// The disk quota a session gets when neither its request nor drumsd's config
@@ -184,7 +186,8 @@ impl Manager {
             bin_dir,
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
-            busy: Default::default(),
+            busy_sessions: Default::default(),
+            busy_checkpoints: Default::default(),
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
@@ -399,7 +402,7 @@ impl Manager {
     /// `drums rm`: kill the session and remove everything it owned.
     pub async fn remove(&self, id_or_name: &str) -> Result<(), SessionError> {
         let id = self.record(id_or_name)?.id;
-        let _held = self.busy.lock(&id).await;
+        let _held = self.busy_sessions.alone(&id).await;
         // Read again: a checkpoint that stops its session may have removed it
         // while this waited.
         let rec = self.record(&id)?;
@@ -423,7 +426,7 @@ impl Manager {
         let mut first_err = None;
         for s in self.catalog.sessions()? {
             // A dump in flight finishes first (see `busy`).
-            let _held = self.busy.lock(&s.id).await;
+            let _held = self.busy_sessions.alone(&s.id).await;
             if let Err(e) = self.remove_record(&s).await {
                 warn!("shutdown: {}", crate::error_chain(&e));
                 first_err.get_or_insert(e);

@@ -123,12 +123,6 @@ KNOWN = [
     # -- drumsd defects this fuzzer found, recorded, not fixed yet -----------
     (
         "ST101",
-        ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints/{checkpoint}/restore"),
-        _says("criu restore failed"),
-        "drumsd: a restore of a fuzzed checkpoint fails in CRIU (mnt: no root found for tree)",
-    ),
-    (
-        "ST101",
         ("DELETE /v1/sessions/{session}",),
         _says("did not exit within"),
         (
