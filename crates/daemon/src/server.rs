@@ -546,10 +546,34 @@ async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Respo
     let out = out
         .body(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
-    let resp = client.send(out).await?;
-    let resp = client.check(resp).await?;
+    let resp = client
+        .send(out)
+        .await
+        .map_err(|e| guest_failed(m, &session, e))?;
+    let resp = client
+        .check(resp)
+        .await
+        .map_err(|e| guest_failed(m, &session, e))?;
     let (parts, body) = resp.into_parts();
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// A guest agent that stops answering mid-request because its session is
+/// being removed, or is gone, is the session's state, not a broken guest: 409,
+/// as the request would have got a moment later (502 before). The catalog
+/// says "removing" before the teardown kills anything, so this is not a race.
+fn guest_failed(m: &Manager, s: &drums_api::Session, e: drums_api::ClientError) -> ApiError {
+    if matches!(e, drums_api::ClientError::Api { .. }) {
+        return e.into();
+    }
+    match m.get(&s.id) {
+        Ok(now) if now.state == "running" && now.init_pid == s.init_pid => e.into(),
+        _ => ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("session {} was removed during the request", s.name),
+        ),
+    }
 }
 
 async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Result<StatusCode> {

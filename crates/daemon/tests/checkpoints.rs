@@ -472,3 +472,249 @@ fn failure_at_every_checkpoint_step_leaves_nothing() {
     });
     d.stop_and_check_leaks();
 }
+
+/// A status a checkpoint or fork racing a remove may answer: its result, or,
+/// when the remove came first, the session removing (409) or gone (404).
+/// Never a 500 from CRIU finding its seized tasks killed.
+fn raced<T>(what: &str, r: &Result<T, drums_api::ClientError>, log: &str) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(drums_api::ClientError::Api { status, .. }) if [404, 409].contains(status) => false,
+        Err(e) => panic!("{what}: {e}\n{log}"),
+    }
+}
+
+/// The checkpoints this daemon holds, removed through the API.
+async fn remove_checkpoints(d: &TestDaemon) {
+    let l: drums_api::CheckpointList = d
+        .client
+        .json(Method::GET, "/v1/checkpoints", None::<&()>)
+        .await
+        .unwrap();
+    for c in &l.checkpoints {
+        d.client
+            .call(
+                Method::DELETE,
+                &format!("/v1/checkpoints/{}", c.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A remove sent while a checkpoint or a fork dumps its session waits for
+/// the dump: the checkpoint is published, the fork's sibling runs, the
+/// remove succeeds, and nothing is left. Before, the remove killed the tasks
+/// CRIU had seized and the dump answered 500 ("unable to detach"), or CRIU
+/// hung on the seized init.
+#[test]
+fn a_remove_during_a_dump_waits_for_it() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let mut published = 0;
+        for (i, delay_ms) in [0u64, 10, 30, 60, 100, 150].into_iter().enumerate() {
+            let fork = i % 2 == 1;
+            let s = d
+                .create(&CreateSession {
+                    network: Some("none".into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let dump = async {
+                if fork {
+                    d.client
+                        .json::<drums_api::RestoreResult>(
+                            Method::POST,
+                            &format!("/v1/sessions/{}/fork", s.id),
+                            Some(&drums_api::RestoreRequest {
+                                count: 1,
+                                name: None,
+                            }),
+                        )
+                        .await
+                        .map(|r| r.sessions.len())
+                } else {
+                    let req = CreateCheckpoint {
+                        session: s.id.clone(),
+                        name: None,
+                        clean: false,
+                        leave_running: true,
+                    };
+                    d.client
+                        .json::<Checkpoint>(Method::POST, "/v1/checkpoints", Some(&req))
+                        .await
+                        .map(|_| 1)
+                }
+            };
+            let rm = async {
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                d.rm(&s.id).await
+            };
+            let (dumped, removed) = tokio::join!(dump, rm);
+            let what = format!(
+                "{} with a remove after {delay_ms} ms",
+                if fork { "fork" } else { "checkpoint" }
+            );
+            if raced(&what, &dumped, &d.log()) {
+                published += 1;
+            }
+            removed.unwrap_or_else(|e| panic!("{what}: the remove: {e}\n{}", d.log()));
+            // The fork's sibling, if any, is the only session left.
+            let l: drums_api::SessionList = d
+                .client
+                .json(Method::GET, "/v1/sessions", None::<&()>)
+                .await
+                .unwrap();
+            assert!(
+                l.sessions.iter().all(|x| x.id != s.id),
+                "{what}: the source is left"
+            );
+            for x in &l.sessions {
+                d.rm(&x.id).await.unwrap();
+            }
+            remove_checkpoints(&d).await;
+        }
+        // A remove sent after the dump began waited for it at least once.
+        assert!(published > 0, "every dump lost the race to its remove");
+        d.assert_no_session_left("after the races").await;
+    });
+    d.stop_and_check_leaks();
+}
+
+/// A process of the session SIGKILLed from outside (as the OOM killer would)
+/// while CRIU has it seized fails that dump; drumsd dumps the session again
+/// once, and the checkpoint succeeds. The kill lands at a few offsets into
+/// the dump until one hits it (the log says so), each checkpoint must succeed.
+#[test]
+fn a_process_killed_during_a_dump_is_dumped_again() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let retried = |d: &TestDaemon| {
+            d.log()
+                .matches("a process of the session exited during the dump")
+                .count()
+        };
+        for attempt in 0..24u64 {
+            if retried(&d) > 0 {
+                break;
+            }
+            let (code, _, err) = d.sh(
+                &s.id,
+                "nohup sleep 1000 >/dev/null 2>&1 </dev/null & echo started",
+            );
+            assert_eq!(code, 0, "{err}");
+            let victim = *d
+                .processes()
+                .iter()
+                .find(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default()
+                        == b"sleep\x001000\x00"
+                })
+                .expect("the sleep runs");
+            let req = CreateCheckpoint {
+                session: s.id.clone(),
+                name: None,
+                clean: false,
+                leave_running: true,
+            };
+            let dump = d
+                .client
+                .json::<Checkpoint>(Method::POST, "/v1/checkpoints", Some(&req));
+            let kill = async {
+                tokio::time::sleep(std::time::Duration::from_millis(5 + (attempt % 8) * 10)).await;
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(victim),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
+            };
+            let (ck, ()) = tokio::join!(dump, kill);
+            ck.unwrap_or_else(|e| panic!("a checkpoint as a process was killed: {e}\n{}", d.log()));
+            assert_eq!(d.sh(&s.id, "echo alive").1, "alive");
+            remove_checkpoints(&d).await;
+        }
+        assert!(
+            retried(&d) > 0,
+            "no kill landed within a dump in 24 tries\n{}",
+            d.log()
+        );
+        d.rm(&s.id).await.unwrap();
+        d.assert_no_session_left("after the kills").await;
+    });
+    d.stop_and_check_leaks();
+}
+
+/// A checkpoint removed while a restore of it runs waits for the restore:
+/// the siblings run, the remove succeeds, nothing is left. Before, the remove
+/// deleted the images and snapshot under the restore, which answered 500 (a
+/// missing image, "is not a btrfs subvolume", or CRIU reading a deleted image
+/// as empty: "No kIDs provided", "mnt: No root found for tree").
+#[test]
+fn a_checkpoint_remove_during_a_restore_waits_for_it() {
+    let mut d = TestDaemon::start();
+    run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut restored = 0;
+        for delay_ms in [0u64, 10, 20, 25, 30, 35, 40, 50, 70] {
+            let ck = d.checkpoint(&s.id, false, true).await;
+            let rm = async {
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                d.client
+                    .call(
+                        Method::DELETE,
+                        &format!("/v1/checkpoints/{}", ck.id),
+                        None::<&()>,
+                    )
+                    .await
+            };
+            let (r, removed) = tokio::join!(d.restore(&ck.id, 2), rm);
+            let what = format!("a restore with a remove after {delay_ms} ms");
+            if raced(&what, &r, &d.log()) {
+                restored += 1;
+            }
+            removed.unwrap_or_else(|e| panic!("{what}: the remove: {e}\n{}", d.log()));
+            let l: drums_api::SessionList = d
+                .client
+                .json(Method::GET, "/v1/sessions", None::<&()>)
+                .await
+                .unwrap();
+            for x in l.sessions.iter().filter(|x| x.id != s.id) {
+                assert_eq!(d.sh(&x.id, "echo alive").1, "alive", "{what}");
+                d.rm(&x.id).await.unwrap();
+            }
+        }
+        assert!(restored > 0, "every restore lost the race to its remove");
+        let l: drums_api::CheckpointList = d
+            .client
+            .json(Method::GET, "/v1/checkpoints", None::<&()>)
+            .await
+            .unwrap();
+        assert!(l.checkpoints.is_empty(), "checkpoints left: {l:?}");
+        for dir in ["checkpoints", "store/checkpoints"] {
+            let left: Vec<_> = std::fs::read_dir(d.state.path().join(dir))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "{dir}: left {left:?}");
+        }
+        d.rm(&s.id).await.unwrap();
+        d.assert_no_session_left("after the races").await;
+    });
+    d.stop_and_check_leaks();
+}

@@ -478,3 +478,109 @@ fn a_desktop_below_its_minimum_limits_is_refused_and_one_at_them_runs() {
     run(d.assert_no_session_left("after the minimums"));
     d.stop_and_check_leaks();
 }
+
+/// A JavaScript expression in the first tab, over CDP at the session's port.
+async fn eval(ip: &str, expr: &str) -> serde_json::Value {
+    let pages = drums_desktop::cdp::pages(ip, 9222).await.unwrap();
+    let page = pages.first().expect("a tab");
+    let mut c = drums_desktop::cdp::Connection::open(&page.ws_url)
+        .await
+        .unwrap();
+    let v = c.evaluate(expr).await.unwrap();
+    c.close().await;
+    v
+}
+
+/// `kill -9` of drumsd with a live desktop: the next drumsd adopts it as it
+/// is (the same processes, the browser's memory, its versions, the OSWorld
+/// port), and it rolls back to a version taken before the crash, browser
+/// state included.
+#[test]
+fn a_desktop_outlives_a_daemon_kill9_with_its_versions_and_rolls_back() {
+    require_desktop_image();
+    let mut d = TestDaemon::start();
+    let subnet = d.subnet();
+    run(async {
+        let s = d
+            .create(&desktop())
+            .await
+            .unwrap_or_else(|e| panic!("create a desktop: {e}\n{}", d.log()));
+        let ip = s.ip.clone().unwrap();
+        eval(&ip, "window.__mark = 'v1'").await;
+        d.client
+            .call(
+                Method::POST,
+                &format!("/v1/sessions/{}/turn/begin", s.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+        assert_eq!(d.sh(&s.id, "echo v1 > /root/mark").0, 0);
+        let e: drums_api::TurnEffects = d
+            .client
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{}/turn/end", s.id),
+                Some(&drums_api::EndTurn {
+                    checkpoint: true,
+                    policy: None,
+                    wait: true,
+                }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a desktop version: {e}\n{}", d.log()));
+        let v1 = e.checkpoint.unwrap().version.unwrap();
+        assert_eq!(v1.took, "full", "the first version of a session is full");
+
+        d.kill9();
+        d.restart(&subnet);
+        let now: drums_api::Session = d
+            .client
+            .json(Method::GET, &format!("/v1/sessions/{}", s.id), None::<&()>)
+            .await
+            .unwrap();
+        assert_eq!(
+            now.init_pid,
+            s.init_pid,
+            "adopted, not restarted\n{}",
+            d.log()
+        );
+        let l: drums_api::SessionVersions = d
+            .client
+            .json(
+                Method::GET,
+                &format!("/v1/sessions/{}/versions", s.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            l.versions.iter().map(|v| &v.id).collect::<Vec<_>>(),
+            vec![&v1.id]
+        );
+        assert_eq!(
+            eval(&ip, "window.__mark").await,
+            "v1",
+            "the browser lived through"
+        );
+        let (status, _) = osworld_get(&ip, "/screenshot");
+        assert_eq!(status, 200);
+
+        eval(&ip, "window.__mark = 'later'").await;
+        assert_eq!(d.sh(&s.id, "echo later > /root/mark").0, 0);
+        let o = d.drums(&["rollback", &s.id, "--to", &v1.number.to_string()]);
+        assert!(
+            o.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&o.stderr),
+            d.log()
+        );
+        assert_eq!(eval(&ip, "window.__mark").await, "v1");
+        assert_eq!(d.sh(&s.id, "cat /root/mark").1, "v1");
+        let (status, png) = osworld_get(&ip, "/screenshot");
+        assert_eq!(status, 200);
+        assert_eq!(png_size(&png), (1280, 800));
+        d.rm(&s.id).await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}

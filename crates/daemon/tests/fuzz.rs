@@ -219,12 +219,32 @@ impl Loopback {
             while let Ok((mut tcp, _)) = listener.accept().await {
                 let socket = socket.clone();
                 tokio::spawn(async move {
-                    if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
-                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                    if let Ok(unix) = tokio::net::UnixStream::connect(&socket).await {
+                        forward(&mut tcp, unix).await;
                     }
                 });
             }
         });
         Loopback { addr, _rt: rt }
     }
+}
+
+/// Both directions of one connection, each on its own. drumsd may answer
+/// (a 404, say) without reading a request's body and close: writing the rest
+/// of the body then fails with EPIPE, and `copy_bidirectional` gave up on the
+/// whole connection, answer unsent, which schemathesis reported as "connection
+/// aborted". The answer is in the socket's buffer all the same.
+async fn forward(tcp: &mut tokio::net::TcpStream, unix: tokio::net::UnixStream) {
+    use tokio::io::AsyncWriteExt;
+    let (mut tcp_r, mut tcp_w) = tcp.split();
+    let (mut unix_r, mut unix_w) = unix.into_split();
+    let up = async {
+        let _ = tokio::io::copy(&mut tcp_r, &mut unix_w).await;
+        let _ = unix_w.shutdown().await;
+    };
+    let down = async {
+        let _ = tokio::io::copy(&mut unix_r, &mut tcp_w).await;
+        let _ = tcp_w.shutdown().await;
+    };
+    tokio::join!(up, down);
 }

@@ -472,6 +472,82 @@ fn a_session_being_created_or_removed_answers_409() {
     d.stop_and_check_leaks();
 }
 
+/// A session removed while a file is being uploaded to it: the upload
+/// answers 409 `conflict` ("was removed during the request"), not 502 as if
+/// its guest agent were broken, and nothing is left.
+#[test]
+fn a_session_removed_during_an_upload_answers_409() {
+    use futures::StreamExt;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    let mut d = TestDaemon::start();
+    run(async {
+        let s = d
+            .create(&CreateSession {
+                network: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let body = StreamBody::new(
+            tokio_stream_of(rx)
+                .map(|chunk| Ok::<_, std::io::Error>(Frame::data(bytes::Bytes::from(chunk)))),
+        );
+        let req = hyper::Request::builder()
+            .method(Method::PUT)
+            .uri(format!("/v1/sessions/{}/files?path=/tmp/upload", s.id))
+            .header("host", "drums")
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .unwrap();
+        let upload = d.client.send(req);
+        let remove = async {
+            // The upload has begun: its first bytes are through.
+            tx.send(vec![b'x'; 1 << 16]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            d.rm(&s.id).await.unwrap();
+            // More bytes, then the end: the request finishes either way.
+            let _ = tx.send(vec![b'y'; 1 << 16]).await;
+            drop(tx);
+        };
+        let (resp, ()) = tokio::join!(upload, remove);
+        match resp {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body = http_body_util::BodyExt::collect(r.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                let e: drums_api::ErrorBody = serde_json::from_slice(&body)
+                    .unwrap_or_else(|_| panic!("{status}: {}", String::from_utf8_lossy(&body)));
+                assert_eq!(
+                    (status, e.error.kind.as_str()),
+                    (409, "conflict"),
+                    "{}",
+                    e.error.message
+                );
+                assert!(
+                    e.error.message.contains("was removed during the request"),
+                    "{}",
+                    e.error.message
+                );
+            }
+            Err(e) => panic!("the upload: {e}"),
+        }
+        d.assert_no_session_left("after the upload").await;
+    });
+    d.stop_and_check_leaks();
+}
+
+/// A stream of what arrives on `rx`, until its sender is dropped.
+fn tokio_stream_of(
+    rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+) -> impl futures::Stream<Item = Vec<u8>> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+}
+
 #[test]
 fn responses_follow_the_openapi_document() {
     let mut d = TestDaemon::start();

@@ -56,6 +56,14 @@ struct DumpReport {
     dump_ms: f64,
 }
 
+/// Whether a process that was in the session before a dump is gone after it.
+fn vanished(before: &[i32], cgroup: &drums_cgroup::Cgroup) -> bool {
+    match cgroup.pids() {
+        Ok(after) => before.iter().any(|p| !after.contains(p)),
+        Err(_) => false,
+    }
+}
+
 /// How often a dump is tried when a netlink socket had unread messages.
 const DUMP_ATTEMPTS: u32 = 3;
 /// CRIU's error for that case (criu/sk-netlink.c).
@@ -351,21 +359,23 @@ impl Manager {
         let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
         let started = Instant::now();
         let mut attempt = 1;
+        let mut retried_exit = false;
         let (report, held) = loop {
+            let before = cg.pids().unwrap_or_default();
             let (criu, opts) = (self.criu.clone(), opts.clone());
             let (upper, target, snapshot_fault) = (
                 upper.clone(),
                 snap.map(|s| s.to_owned()),
                 snapshot_fault.clone(),
             );
-            let (inspector, name, cg) = (self.inspector(), rec.name.clone(), cg.clone());
+            let (inspector, name, tree) = (self.inspector(), rec.name.clone(), cg.clone());
             let result = tokio::task::spawn_blocking(move || {
                 let mut held = Vec::new();
                 let r = criu.dump(&opts, &mut |script, _pid| {
                     // The tree stays frozen until this returns: the one moment
                     // files and processes agree.
                     if script == drums_criu::script::POST_DUMP {
-                        held = crate::versions::held_paths(&cg.pids().unwrap_or_default());
+                        held = crate::versions::held_paths(&tree.pids().unwrap_or_default());
                         if let Some(target) = &target {
                             if let Some(f) = &snapshot_fault {
                                 return Err(f.clone());
@@ -389,7 +399,10 @@ impl Manager {
             })
             .await
             .expect("dump task does not panic");
-            match result {
+            // Nothing to try again once the snapshot is made: the files are
+            // already in the version.
+            let again = match &result {
+                Err(_) if snap.is_some_and(|s| s.exists()) => None,
                 // CRIU cannot dump a netlink socket with unread messages. A
                 // browser's route-monitoring socket gets one whenever the
                 // session's network changes (an IPv6 address finishing its
@@ -397,17 +410,33 @@ impl Manager {
                 // the failed dump thawed the tree, the browser reads it, and
                 // the next attempt finds the queue empty.
                 Err(e)
-                    if attempt < DUMP_ATTEMPTS
-                        && crate::error_chain(&e).contains(NETLINK_BUSY)
-                        && !snap.is_some_and(|s| s.exists()) =>
+                    if attempt < DUMP_ATTEMPTS && crate::error_chain(e).contains(NETLINK_BUSY) =>
                 {
-                    warn!("version {id}: {NETLINK_BUSY}; dumping again");
+                    Some(NETLINK_BUSY)
+                }
+                // A task that dies while CRIU has it seized (SIGKILLed by the
+                // OOM killer, or by a process CRIU had not frozen yet) fails
+                // the dump: CRIU cannot cure or detach from it. The session
+                // lives on without it, so one more dump, of the tree as it now
+                // is, usually succeeds. Told from CRIU's own failures by the
+                // session's pids, not by CRIU's wording; only once, so a real
+                // failure in a session whose processes come and go is
+                // reported after one retry.
+                Err(_) if !retried_exit && vanished(&before, &cg) => {
+                    retried_exit = true;
+                    Some("a process of the session exited during the dump")
+                }
+                _ => None,
+            };
+            match (result, again) {
+                (Err(_), Some(why)) => {
+                    warn!("version {id}: {why}; dumping again");
                     attempt += 1;
                     std::fs::remove_dir_all(images).map_err(io("clear", images))?;
                     std::fs::create_dir_all(images).map_err(io("create", images))?;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                other => break other?,
+                (result, _) => break result?,
             }
         };
         let frozen_ms = report

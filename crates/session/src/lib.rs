@@ -7,10 +7,13 @@
 //! - [`teardown`] removes whatever the ledger names, for `rm`, for a failed
 //!   create, at shutdown, and in the sweep at daemon start;
 //! - [`process`] holds the few process helpers (start times, reaping);
-//! - [`inspect`] is where turn boundaries meet the eBPF inspector.
+//! - [`inspect`] is where turn boundaries meet the eBPF inspector;
+//! - `busy` keeps a dump and a remove of one session apart, and a restore
+//!   and a remove of one checkpoint.
 
 pub mod archive;
 pub mod audit;
+mod busy;
 pub mod checkpoint;
 pub mod create;
 pub mod faults;

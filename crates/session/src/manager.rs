@@ -88,6 +88,9 @@ pub struct Manager {
     pub(crate) positions: crate::versions::Positions,
     /// Sessions whose old versions are being dropped right now.
     pub(crate) retaining: Mutex<std::collections::HashSet<String>>,
+    /// Per version: a removal (`drums checkpoint rm`, retention) waits for
+    /// the restores, rollbacks and recoveries reading it (see `busy`).
+    pub(crate) busy_checkpoints: crate::busy::Locks,
 }
 
 /// The sessions a previous daemon left that the sweep keeps.
@@ -196,6 +199,7 @@ impl Manager {
             bin_dir,
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
+            busy_checkpoints: Default::default(),
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
@@ -509,8 +513,12 @@ impl Manager {
         self.remove_record(&rec).await
     }
 
+    /// A version being taken finishes first and queued ones are dropped: a
+    /// remove never kills what CRIU has seized. The state goes to removing
+    /// before, so no new version starts (it would find the session not
+    /// running, 409).
     async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
-        // Its queued versions are dropped; a running one finishes first.
+        self.catalog.set_session_state(&rec.id, "removing", None)?;
         self.engine.cancel_session(&rec.id).await;
         self.remove_stopped(rec).await
     }

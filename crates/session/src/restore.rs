@@ -51,7 +51,12 @@ impl Manager {
         name: Option<&str>,
     ) -> Result<RestoreResult, SessionError> {
         check_siblings(count, name)?;
-        let (ck, m) = self.manifest(checkpoint)?;
+        // Shared with other restores, never with a remove of the checkpoint,
+        // which would delete the images and snapshot this reads (see `busy`).
+        // Read again under the lock: a remove that came first leaves nothing.
+        let id = self.manifest(checkpoint)?.0.id;
+        let _held = self.busy_checkpoints.shared(&id).await;
+        let (ck, m) = self.manifest(&id)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host)?;
         let process_of = process_artifact(&m)?;

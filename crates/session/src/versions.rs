@@ -508,6 +508,8 @@ impl Manager {
     /// Remove a version's row, then each artifact it took or used that no
     /// version uses any more.
     pub(crate) async fn drop_version(&self, v: &VersionRecord) -> Result<(), SessionError> {
+        // Restores, rollbacks and recoveries of it finish first (see `busy`).
+        let _held = self.busy_checkpoints.alone(&v.id).await;
         self.catalog.delete_version(&v.id)?;
         let mut owners: Vec<&str> = vec![&v.id];
         owners.extend(v.files_of.as_deref());
@@ -627,6 +629,9 @@ impl Manager {
         target: &VersionRecord,
         what: &str,
     ) -> Result<Session, SessionError> {
+        // Retention or `checkpoint rm` waits until this has read the
+        // version's artifacts (see `busy`); read under the lock.
+        let held = self.busy_checkpoints.shared(&target.id).await;
         let (_, m) = self.manifest(&target.id)?;
         let limits = self
             .limits
@@ -646,13 +651,16 @@ impl Manager {
         let t0 = Instant::now();
         self.catalog.set_session_state(&rec.id, "creating", None)?;
         self.forget_turns(&rec.name);
-        // Everything the session runs on goes; its catalog row (address,
-        // id range, name) stays, and the version's artifacts come back under
-        // the same identity. No hygiene: no clone of it is alive.
+        // Everything the session runs on goes; its catalog row (address, id
+        // range, name) stays, and the version's artifacts come back under the
+        // same identity. No hygiene: no clone of it is alive.
         teardown::remove_owned(self, &rec.id).await?;
         let built = self.rebuild(rec, &m, &limits, &lower).await;
         let failed = built.is_err();
-        let session = match self.settle(rec, built).await {
+        let settled = self.settle(rec, built).await;
+        // Before dropping versions below, which takes their locks alone.
+        drop(held);
+        let session = match settled {
             Ok(s) => s,
             Err(e) => {
                 // The session is gone (settle removed what the rebuild

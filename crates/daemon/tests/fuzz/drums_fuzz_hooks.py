@@ -120,29 +120,7 @@ KNOWN = [
         _kind_is("not_a_directory", "is_a_directory", "path_escapes_root"),
         "spec: what is at a path in the session decides",
     ),
-    # -- drumsd defects this fuzzer found, recorded, not fixed yet -----------
-    (
-        "ST101",
-        ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints"),
-        _says("criu dump failed"),
-        "drumsd: a dump races a process of the session exiting, e.g. a concurrent remove (compel: unable to detach)",
-    ),
-    (
-        "ST101",
-        ("POST /v1/sessions/{session}/fork", "POST /v1/checkpoints/{checkpoint}/restore"),
-        _says("criu restore failed"),
-        "drumsd: a restore of a fuzzed checkpoint fails in CRIU (mnt: no root found for tree)",
-    ),
-    (
-        "ST101",
-        ("DELETE /v1/sessions/{session}",),
-        _says("did not exit within"),
-        (
-            "drumsd: a remove while a fork's dump runs hangs CRIU (init seized, guest a zombie"
-            " with live threads): the fork never answers, the remove 500s, drumsd cannot"
-            " stop until criu is killed; seen only with DRUMS_FUZZ_WORKERS=2"
-        ),
-    ),
+    # -- drumsd defects this fuzzer found, recorded, not fixed yet: none -----
 ]
 
 _tally = {
