@@ -181,10 +181,12 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
     assert_eq!(state(&d, "agent").1, "down", "nothing rolled back");
 
     // A second session reaches only its own versions: none, so the first's
-    // numbers and ids are unknown to it.
+    // numbers and ids are unknown to it. (With egress, so its guest finds
+    // drumsd through its default route, where the first's uses its link's.)
     let other = d
         .create(&CreateSession {
             name: Some("other".into()),
+            egress: Some("nat".into()),
             ..Default::default()
         })
         .await
@@ -282,4 +284,62 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
         d.rm(name).await.unwrap();
     }
     d.stop_and_check_leaks();
+}
+
+/// The tool's schemas in docs/agent-tool.md: valid JSON, the same two tools
+/// in both formats, and arguments that fit them are what both endpoints
+/// take. No root needed.
+#[test]
+fn the_documented_tool_schemas_agree_with_each_other_and_the_endpoints() {
+    let doc = include_str!("../../../docs/agent-tool.md");
+    let blocks: Vec<serde_json::Value> = doc
+        .split("```json\n")
+        .skip(1)
+        .map(|b| {
+            let json = b.split("```").next().unwrap();
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
+        })
+        .collect();
+    assert_eq!(blocks.len(), 2, "an OpenAI and an Anthropic tool list");
+    let (openai, anthropic) = (blocks[0].as_array().unwrap(), blocks[1].as_array().unwrap());
+    assert_eq!(openai.len(), anthropic.len());
+    let mut names = Vec::new();
+    for (o, a) in openai.iter().zip(anthropic) {
+        assert_eq!(o["type"], "function", "{o}");
+        let f = &o["function"];
+        assert_eq!(f["name"], a["name"]);
+        assert_eq!(f["description"], a["description"]);
+        assert!(!a["description"].as_str().unwrap().is_empty());
+        // The same schema, but for OpenAI's additionalProperties.
+        let mut params = f["parameters"].clone();
+        assert_eq!(params["additionalProperties"], false, "{o}");
+        params
+            .as_object_mut()
+            .unwrap()
+            .remove("additionalProperties");
+        assert_eq!(params, a["input_schema"], "{}", a["name"]);
+        assert_eq!(params["type"], "object");
+        names.push(a["name"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(names, ["sandbox_versions", "sandbox_rollback"]);
+    let to = &anthropic[1]["input_schema"]["properties"]["to"];
+    assert_eq!(to["type"], "string", "{to}");
+    assert_eq!(
+        anthropic[1]["input_schema"]["properties"]
+            .as_object()
+            .unwrap()
+            .len(),
+        1
+    );
+    // A call's arguments are a body both endpoints take as they are.
+    for args in [r#"{"to": "3"}"#, r#"{"to": "a1b2c3"}"#, "{}"] {
+        serde_json::from_str::<drums_api::Rollback>(args).unwrap();
+        serde_json::from_str::<drums_api::SelfRollback>(args).unwrap();
+    }
+    let n: drums_api::SelfRollback = serde_json::from_str(r#"{"to": 3}"#).unwrap();
+    assert_eq!(
+        n.to.unwrap().to_string(),
+        "3",
+        "a number is taken inside too"
+    );
 }
