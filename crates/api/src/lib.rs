@@ -15,5 +15,9 @@ pub use cpus::{check_cpus, parse_cpus, CpusError, MIN_CPUS};
 pub use size::{parse_size, SizeError};
 pub use types::*;
 
+/// The port of drumsd's session API on the bridge address (see
+/// docs/agent-tool.md), unless drumsd is told another.
+pub const SESSION_API_PORT: u16 = 7071;
+
 /// The OpenAPI document, embedded so the daemon can serve it at `/openapi.yaml`.
 pub const OPENAPI_YAML: &str = include_str!("../../../api/openapi.yaml");

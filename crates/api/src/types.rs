@@ -559,6 +559,44 @@ pub struct Rollback {
     pub to: Option<String>,
 }
 
+/// `POST /v1/self/rollback` of drumsd's session API, and `POST /v1/rollback`
+/// of the guest agent that forwards to it (see docs/agent-tool.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelfRollback {
+    /// A version's number or id; the version the session is at if absent.
+    #[serde(default)]
+    pub to: Option<VersionRef>,
+}
+
+/// A version as an agent names it: its number (`3` or `"3"`) or its id. A
+/// model's tool call may send either, so both are taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VersionRef {
+    Number(u64),
+    Text(String),
+}
+
+impl std::fmt::Display for VersionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VersionRef::Number(n) => write!(f, "{n}"),
+            VersionRef::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// The answer to a self rollback, sent before the rollback starts: the
+/// caller's process is replaced by the version's state moments later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollingBack {
+    /// The version's number.
+    pub rolling_back_to: u64,
+    /// The version's id.
+    pub version: String,
+}
+
 /// A checkpoint job: `GET /v1/jobs/{job}`, `POST /v1/jobs/{job}/promote`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {

@@ -70,6 +70,12 @@ pub struct DaemonArgs {
     /// session opens to the host; none by default. See docs/security.md.
     #[arg(long = "bridge-service", value_name = "PROTO:PORT")]
     pub bridge_services: Vec<drums_net::Service>,
+    /// The TCP port of drumsd's session API on the bridge address, through
+    /// which a process inside a session lists and rolls back its own
+    /// session's versions (the agent's rollback tool, docs/agent-tool.md);
+    /// added to the bridge services. 0 turns it off.
+    #[arg(long, default_value_t = drums_api::SESSION_API_PORT, value_name = "PORT")]
+    pub session_api_port: u16,
     /// A name server for sessions with `--egress nat` (repeatable, IPv4):
     /// written to their /etc/resolv.conf, and the only private address they
     /// may reach, on port 53. Default: the IPv4 name servers of this host's
@@ -158,7 +164,8 @@ impl DaemonArgs {
             bridge: self.bridge.clone(),
             subnet,
             prefix,
-            bridge_services: self.bridge_services.clone(),
+            bridge_services: self.services(),
+            session_api_port: self.session_api(),
             nameservers: if self.dns.is_empty() {
                 host_nameservers(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default())
             } else {
@@ -172,6 +179,28 @@ impl DaemonArgs {
             fault_injection: self.enable_fault_injection,
             ready_timeout: Duration::from_secs(self.ready_timeout),
         })
+    }
+}
+
+impl DaemonArgs {
+    /// The session API's port, unless it is turned off.
+    pub fn session_api(&self) -> Option<u16> {
+        (self.session_api_port != 0).then_some(self.session_api_port)
+    }
+
+    /// The bridge services: those asked for, and the session API's.
+    pub fn services(&self) -> Vec<drums_net::Service> {
+        let mut all = self.bridge_services.clone();
+        if let Some(port) = self.session_api() {
+            let api = drums_net::Service {
+                proto: drums_net::firewall::Proto::Tcp,
+                port,
+            };
+            if !all.contains(&api) {
+                all.push(api);
+            }
+        }
+        all
     }
 }
 
@@ -359,6 +388,37 @@ mod tests {
         assert_eq!(got, ["tcp:8080", "udp:53"]);
         let e = Cli::try_parse_from(["drumsd", "--bridge-service", "tcp:0"]).unwrap_err();
         assert!(e.to_string().contains("invalid service \"tcp:0\""), "{e}");
+    }
+
+    #[test]
+    fn the_session_api_is_a_bridge_service_unless_turned_off() {
+        let cli = Cli::try_parse_from(["drumsd"]).unwrap();
+        assert_eq!(cli.daemon.session_api(), Some(drums_api::SESSION_API_PORT));
+        let got: Vec<String> = cli
+            .daemon
+            .services()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, [format!("tcp:{}", drums_api::SESSION_API_PORT)]);
+        let cli = Cli::try_parse_from([
+            "drumsd",
+            "--session-api-port",
+            "8000",
+            "--bridge-service",
+            "tcp:8000",
+        ])
+        .unwrap();
+        let got: Vec<String> = cli
+            .daemon
+            .services()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["tcp:8000"], "listed once");
+        let cli = Cli::try_parse_from(["drumsd", "--session-api-port", "0"]).unwrap();
+        assert_eq!(cli.daemon.session_api(), None);
+        assert!(cli.daemon.services().is_empty());
     }
 
     #[test]

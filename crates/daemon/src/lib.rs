@@ -1,6 +1,7 @@
 //! drumsd: the one long-running daemon. It owns every session through the
 //! session manager and serves the REST API of `api/openapi.yaml` on a unix
-//! socket.
+//! socket, and the session API (`session_api`) to the sessions on the bridge
+//! address.
 
 pub mod config;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod ksm;
 pub mod lock;
 pub mod request_id;
 pub mod server;
+pub mod session_api;
 
 pub use config::{Cli, Command, DaemonArgs};
 
@@ -18,6 +20,9 @@ use anyhow::Context;
 use drums_session::Manager;
 use tokio::net::UnixListener;
 use tracing::{info, warn};
+
+/// How long drumsd's stop waits for the session API's open connections.
+const SESSION_API_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Run the daemon until SIGTERM or SIGINT, then remove every session and the
 /// daemon's own resources.
@@ -57,6 +62,21 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let ksm = args.ksm.then(ksm::Ksm::enable);
     info!(socket = %socket.display(), state = %cfg.state_dir.display(), "drumsd ready");
 
+    // The session API, once the bridge has its address (the manager made it).
+    let (stop_sessions_api, stopped) = tokio::sync::oneshot::channel::<()>();
+    let session_api = match args.session_api() {
+        Some(port) => {
+            let l = session_api::bind(&cfg.bridge, manager.bridge_address(), port)?;
+            let api = session_api::SessionApi::new(manager.clone());
+            let task = tokio::spawn(session_api::serve(l, api.clone(), async {
+                let _ = stopped.await;
+            }));
+            info!(address = %manager.bridge_address(), port, "session api ready");
+            Some((api, task))
+        }
+        None => None,
+    };
+
     let app = server::router(manager.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
     let m = manager.clone();
@@ -66,6 +86,22 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     };
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let served = serve.await.context("serve api");
+    if let Some((api, mut task)) = session_api {
+        let _ = stop_sessions_api.send(());
+        // A session may hold a connection open (a slow request, on purpose):
+        // it does not get to keep drumsd from stopping.
+        match tokio::time::timeout(SESSION_API_DRAIN, &mut task).await {
+            Ok(Ok(Err(e))) => warn!("session api: {e}"),
+            Ok(Err(e)) => warn!("session api task: {e}"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => {
+                warn!("session api: connections still open after {SESSION_API_DRAIN:?}, closed");
+                task.abort();
+            }
+        }
+        // Rollbacks already answered finish before the sessions go.
+        api.drain().await;
+    }
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {

@@ -125,7 +125,7 @@ pub fn router(m: AppState) -> Router {
 /// hyper); up to there, this gives the ErrorBody every other error has.
 pub const MAX_URI: usize = 8 << 10;
 
-async fn uri_limit(req: Request, next: axum::middleware::Next) -> Response {
+pub(crate) async fn uri_limit(req: Request, next: axum::middleware::Next) -> Response {
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI {
         return ApiError::new(

@@ -18,6 +18,8 @@
 //!   itself (hostname, machine-id, generation, the reseed protocol).
 //! - [`desktop`]: `/v1/desktop…`, the desktop profile's services, its
 //!   agent-readiness, the browser's hygiene, and OSWorld's port 5000.
+//! - [`rollback`]: `/v1/versions` and `/v1/rollback`, the agent's rollback
+//!   tool, forwarded to drumsd's session API on the gateway.
 //! - [`paths`]: lexical resolution of client paths.
 //! - [`users`]: `/etc/passwd` and `/etc/group` lookup without NSS.
 //! - [`error`]: the JSON error body.
@@ -28,9 +30,13 @@ pub mod exec;
 pub mod files;
 pub mod hygiene;
 pub mod paths;
+pub mod rollback;
 pub mod server;
 pub mod users;
 
 pub use error::ApiError;
 pub use hygiene::HygieneConfig;
-pub use server::{router, router_with, serve, Listener, ServeError, Server, DEFAULT_SOCKET};
+pub use rollback::SessionApi;
+pub use server::{
+    router, router_full, router_with, serve, Listener, ServeError, Server, DEFAULT_SOCKET,
+};

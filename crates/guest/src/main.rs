@@ -4,10 +4,11 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use drums_guest::{HygieneConfig, Listener, DEFAULT_SOCKET};
+use drums_guest::{HygieneConfig, Listener, SessionApi, DEFAULT_SOCKET};
 
 const USAGE: &str = "\
 usage: drums-guest [--listen ADDR]... [--etc-dir DIR] [--run-dir DIR]
+                   [--session-api-port PORT]
 
 The drums guest agent: serves the guest API inside a session.
 
@@ -18,6 +19,10 @@ options:
                    (default: /etc; other values are for tests)
   --run-dir DIR    where the generation file and the reseed directory are
                    (default: /run/drums; other values are for tests)
+  --session-api-port PORT
+                   drumsd's session API on the default gateway, where
+                   /v1/versions and /v1/rollback go (given by drums-init;
+                   without it they answer 501)
   -h, --help       print this help
   -V, --version    print the version
 
@@ -26,11 +31,13 @@ logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change the level."
 struct Options {
     listeners: Vec<Listener>,
     hygiene: HygieneConfig,
+    session_api: SessionApi,
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let mut listeners = Vec::new();
     let mut hygiene = HygieneConfig::default();
+    let mut session_api = SessionApi::default();
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let (name, value) = match arg.as_str() {
@@ -42,27 +49,42 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
                 println!("drums-guest {}", env!("CARGO_PKG_VERSION"));
                 return Ok(None);
             }
-            "--listen" | "--etc-dir" | "--run-dir" => {
+            "--listen" | "--etc-dir" | "--run-dir" | "--session-api-port" => {
                 let value = args.next().ok_or_else(|| format!("{arg} needs a value"))?;
                 (arg.clone(), value)
             }
             _ => match arg.split_once('=') {
-                Some((name @ ("--listen" | "--etc-dir" | "--run-dir"), value)) => {
-                    (name.to_owned(), value.to_owned())
-                }
+                Some((
+                    name @ ("--listen" | "--etc-dir" | "--run-dir" | "--session-api-port"),
+                    value,
+                )) => (name.to_owned(), value.to_owned()),
                 _ => return Err(format!("unknown argument {arg:?}")),
             },
         };
         match name.as_str() {
             "--listen" => listeners.push(value.parse::<Listener>().map_err(|e| e.to_string())?),
             "--etc-dir" => hygiene.etc_dir = absolute_dir(&name, &value)?,
+            "--session-api-port" => {
+                let port = value
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| {
+                        format!("{name} must be a port from 1 to 65535, got {value:?}")
+                    })?;
+                session_api.port = Some(port);
+            }
             _ => hygiene.run_dir = absolute_dir(&name, &value)?,
         }
     }
     if listeners.is_empty() {
         listeners.push(Listener::Unix(DEFAULT_SOCKET.into()));
     }
-    Ok(Some(Options { listeners, hygiene }))
+    Ok(Some(Options {
+        listeners,
+        hygiene,
+        session_api,
+    }))
 }
 
 /// The agent's cwd is whatever init gave it, so a relative directory would
@@ -110,7 +132,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(drums_guest::serve(options.listeners, options.hygiene)) {
+    match runtime.block_on(drums_guest::serve(
+        options.listeners,
+        options.hygiene,
+        options.session_api,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{}", drums_guest::error::chain(&e));

@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, UnixListener};
 
 use crate::error::ApiError;
 use crate::hygiene::{self, HygieneConfig, HygieneError};
+use crate::rollback::SessionApi;
 use crate::{exec, files};
 
 /// Where the daemon expects the agent inside the session.
@@ -109,8 +110,14 @@ pub fn router() -> Router {
     router_with(HygieneConfig::default())
 }
 
-/// The whole API v1, with the hygiene files under `hygiene`'s directories.
+/// The whole API v1, with the hygiene files under `hygiene`'s directories,
+/// and no session API to forward the rollback tool to.
 pub fn router_with(hygiene: HygieneConfig) -> Router {
+    router_full(hygiene, SessionApi::default())
+}
+
+/// The whole API v1, the rollback tool forwarding to `session_api`.
+pub fn router_full(hygiene: HygieneConfig, session_api: SessionApi) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/exec", post(exec::handler))
@@ -118,6 +125,7 @@ pub fn router_with(hygiene: HygieneConfig) -> Router {
         .route("/v1/dir", get(files::list_dir))
         .merge(hygiene::router(hygiene))
         .merge(crate::desktop::router())
+        .merge(crate::rollback::router(session_api))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(log_request))
@@ -208,6 +216,7 @@ enum Bound {
 pub struct Server {
     bound: Vec<Bound>,
     hygiene: HygieneConfig,
+    session_api: SessionApi,
 }
 
 impl Server {
@@ -232,6 +241,7 @@ impl Server {
         Ok(Self {
             bound,
             hygiene: HygieneConfig::default(),
+            session_api: SessionApi::default(),
         })
     }
 
@@ -239,6 +249,13 @@ impl Server {
     /// production ones.
     pub fn with_hygiene(mut self, hygiene: HygieneConfig) -> Self {
         self.hygiene = hygiene;
+        self
+    }
+
+    /// Forwards the rollback tool to drumsd's session API on this port of
+    /// the session's gateway.
+    pub fn with_session_api(mut self, session_api: SessionApi) -> Self {
+        self.session_api = session_api;
         self
     }
 
@@ -259,7 +276,7 @@ impl Server {
     /// practice does not happen: accept errors are retried by axum).
     pub async fn run(self) -> Result<(), ServeError> {
         type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
-        let router = router_with(self.hygiene);
+        let router = router_full(self.hygiene, self.session_api);
         let mut futures: Vec<ServeFuture> = Vec::new();
         for bound in self.bound {
             let addr = match &bound {
@@ -368,7 +385,11 @@ pub fn shutdown_signal() -> Result<impl Future<Output = ()>, ServeError> {
 
 /// Creates the reseed directory, binds `listeners` and serves until
 /// SIGINT/SIGTERM, then removes the unix sockets.
-pub async fn serve(listeners: Vec<Listener>, hygiene: HygieneConfig) -> Result<(), ServeError> {
+pub async fn serve(
+    listeners: Vec<Listener>,
+    hygiene: HygieneConfig,
+    session_api: SessionApi,
+) -> Result<(), ServeError> {
     let shutdown = shutdown_signal()?;
     // Before binding: once drumsd can reach the socket, processes may
     // already be expected to have registered.
@@ -376,6 +397,7 @@ pub async fn serve(listeners: Vec<Listener>, hygiene: HygieneConfig) -> Result<(
     Server::bind(listeners)
         .await?
         .with_hygiene(hygiene)
+        .with_session_api(session_api)
         .run_until(shutdown)
         .await
 }

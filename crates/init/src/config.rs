@@ -36,6 +36,11 @@ pub struct InitConfig {
     /// (`drums create --privileged`, as Podman's). Off unless asked for.
     #[serde(default)]
     pub privileged: bool,
+    /// The port of drumsd's session API on the session's gateway, which
+    /// stage 2 passes to the guest agent for its rollback tool; `None`
+    /// without a network or when drumsd serves none.
+    #[serde(default)]
+    pub session_api_port: Option<u16>,
     /// Test-only: fail at this step ("init.cgroup", "init.unshare", "init.mount",
     /// "init.pivot", "init.exec").
     #[serde(default)]

@@ -393,6 +393,7 @@ mod tests {
             bin_dir: "/bin-host".into(),
             privileged: false,
             nameservers: vec![],
+            session_api_port: None,
             fault: None,
         }
     }

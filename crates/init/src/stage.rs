@@ -205,15 +205,24 @@ fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, Ini
     // nothing else in this process is used after the exec below.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     // Re-exec from inside the new root, so no mapping refers to the old one.
-    let err = nix::unistd::execv(&exe, &[exe.as_c_str(), c"--stage2"]).unwrap_err();
+    // The config is gone after the exec: what stage 2 needs of it goes as
+    // arguments, which a checkpoint keeps with the process.
+    let mut argv = vec![exe.clone(), c"--stage2".to_owned()];
+    if let Some(port) = cfg.session_api_port {
+        argv.push(c"--session-api-port".to_owned());
+        argv.push(CString::new(port.to_string()).expect("digits have no NUL"));
+    }
+    let err = nix::unistd::execv(&exe, &argv).unwrap_err();
     Err(InitError::Nix {
         op: "exec stage 2",
         source: err,
     })
 }
 
-/// Stage 2: the long-lived PID 1. Supervises the guest agent and reaps orphans.
-pub fn stage2() -> ! {
+/// Stage 2: the long-lived PID 1. Supervises the guest agent and reaps
+/// orphans. `session_api_port`: drumsd's session API on the gateway, for the
+/// guest's rollback tool.
+pub fn stage2(session_api_port: Option<u16>) -> ! {
     let log = OpenOptions::new()
         .create(true)
         .append(true)
@@ -228,7 +237,7 @@ pub fn stage2() -> ! {
     logln("stage 2 running");
     loop {
         let started = Instant::now();
-        let guest = spawn_guest(&log);
+        let guest = spawn_guest(&log, session_api_port);
         let guest_pid = match guest {
             Ok(pid) => pid,
             Err(e) => {
@@ -261,13 +270,17 @@ pub fn stage2() -> ! {
     }
 }
 
-fn spawn_guest(log: &Option<std::fs::File>) -> Result<Pid, std::io::Error> {
+fn spawn_guest(
+    log: &Option<std::fs::File>,
+    session_api_port: Option<u16>,
+) -> Result<Pid, std::io::Error> {
     let out = || match log {
         Some(f) => f.try_clone().map(Stdio::from),
         None => Ok(Stdio::null()),
     };
     let child = Command::new(format!("{BIN_DIR}/drums-guest"))
         .args(["--listen", &format!("unix:{GUEST_SOCKET}")])
+        .args(session_api_port.map(|p| format!("--session-api-port={p}")))
         .stdin(Stdio::null())
         .stdout(out()?)
         .stderr(out()?)

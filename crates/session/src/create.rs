@@ -129,6 +129,7 @@ impl Manager {
             } else {
                 Vec::new()
             },
+            session_api_port: self.cfg.session_api_port.filter(|_| rec.ip.is_some()),
             fault: self.faults.for_init(),
         };
         self.faults.check("create.spawn")?;

@@ -35,6 +35,10 @@ pub struct ManagerConfig {
     /// connections the firewall lets a session open to the host. Empty by
     /// default; the coordinator's proxy adds its own.
     pub bridge_services: Vec<drums_net::Service>,
+    /// The TCP port of drumsd's session API on the bridge address (it must
+    /// be in `bridge_services` too), passed to every new session's guest
+    /// agent so its rollback tool can reach it; `None`: not served.
+    pub session_api_port: Option<u16>,
     /// Name servers a session with egress `nat` gets in /etc/resolv.conf and
     /// may query on port 53, private range or not (see
     /// drums_net::firewall::set_resolvers).
@@ -298,6 +302,25 @@ impl Manager {
     /// The limits every session is held to, with the defaults resolved.
     pub fn limit_policy(&self) -> &crate::limits::LimitPolicy {
         &self.limits
+    }
+
+    /// The bridge's own address: the sessions' gateway, where drumsd serves
+    /// its session API.
+    pub fn bridge_address(&self) -> Ipv4Addr {
+        self.gateway()
+    }
+
+    /// The running session whose network address is `ip`, if any. What a
+    /// connection's source address says about who is calling is only as
+    /// good as the network's anti-spoofing: see drumsd's session API.
+    pub fn session_at(&self, ip: Ipv4Addr) -> Result<Option<Session>, SessionError> {
+        let ip = ip.to_string();
+        Ok(self
+            .catalog
+            .sessions()?
+            .into_iter()
+            .find(|r| r.network == "bridge" && r.ip.as_deref() == Some(ip.as_str()))
+            .map(to_api))
     }
 
     pub(crate) fn gateway(&self) -> Ipv4Addr {
