@@ -62,6 +62,8 @@ pub struct Faults {
 impl Faults {
     /// Arm `point` to fail, or with `hold`, to hold its step forever.
     pub fn arm_hold(&self, point: Option<String>, hold: bool) -> Result<(), SessionError> {
+        // Without a point there is nothing to hold: it disarms.
+        let hold = hold && point.is_some();
         if hold && !point.as_deref().is_some_and(|p| HOLD_POINTS.contains(&p)) {
             return Err(SessionError::Invalid(format!(
                 "only {} can be held",

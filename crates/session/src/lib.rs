@@ -176,8 +176,10 @@ impl SessionError {
                 drums_engine::EngineError::Busy { .. } | drums_engine::EngineError::ShutDown => {
                     ErrorKind::Unavailable
                 }
-                drums_engine::EngineError::UnknownJob(_) => ErrorKind::NotFound,
-                drums_engine::EngineError::BadJobId { .. } => ErrorKind::BadRequest,
+                // A job id is opaque to clients: one that is not even a
+                // number names no job, like an unknown one.
+                drums_engine::EngineError::UnknownJob(_)
+                | drums_engine::EngineError::BadJobId { .. } => ErrorKind::NotFound,
                 _ => ErrorKind::Internal,
             },
             _ => ErrorKind::Internal,

@@ -111,7 +111,7 @@ KNOWN = [
     (
         "ST202",
         ("POST /v1/debug/faults",),
-        _says("unknown fault point"),
+        _says("unknown fault point", "can be held"),
         "spec: the fault points are the daemon's own (test-only route)",
     ),
     (
