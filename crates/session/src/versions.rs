@@ -577,7 +577,6 @@ impl Manager {
             )));
         }
         self.engine.cancel_session(&rec.id).await;
-<<<<<<< HEAD
         let target = self.version_of(&rec, to)?;
         self.restore_in_place(&rec, &target, "rolled back").await
     }
@@ -634,9 +633,6 @@ impl Manager {
         // version's artifacts (see `busy`); read under the lock.
         let held = self.busy_checkpoints.shared(&target.id).await;
         let (_, m) = self.manifest(&target.id)?;
-=======
-        let (target, m) = self.rollback_checks(&rec, to)?;
->>>>>>> agent-tool
         let limits = self
             .limits
             .from_manifest(&m.session.limits)
@@ -645,7 +641,6 @@ impl Manager {
                 source,
             })?;
         let lower = self.images.get(&m.session.image)?.rootfs;
-<<<<<<< HEAD
         if m.process_of().is_none() {
             return Err(SessionError::Conflict(format!(
                 "version {} of session {} holds files only (the files policy): it has no processes to restore",
@@ -653,8 +648,6 @@ impl Manager {
                 rec.name
             )));
         }
-=======
->>>>>>> agent-tool
         let t0 = Instant::now();
         self.catalog.set_session_state(&rec.id, "creating", None)?;
         self.forget_turns(&rec.name);
@@ -692,12 +685,12 @@ impl Manager {
         Ok(session)
     }
 
-<<<<<<< HEAD
     /// `fork --at`: the id of a done version of the session.
     pub fn version_of_session(&self, id_or_name: &str, at: &str) -> Result<String, SessionError> {
         let rec = self.record(id_or_name)?;
         Ok(self.version_of(&rec, Some(at))?.id)
-=======
+    }
+
     /// The version a rollback of the session to `to` would go to, refused
     /// as [`Manager::rollback`] would refuse it, without rolling back: for a
     /// caller that must answer before the rollback starts (drumsd's session
@@ -708,24 +701,13 @@ impl Manager {
         to: Option<&str>,
     ) -> Result<SessionVersion, SessionError> {
         let rec = self.record(id_or_name)?;
-        if rec.state != "running" {
+        if rec.state != "running" || self.live_init(&rec).is_none() {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
             )));
         }
-        let (target, _) = self.rollback_checks(&rec, to)?;
-        Ok(to_api_version(&target))
-    }
-
-    /// The target of a rollback and its manifest: a done version of `rec`
-    /// that has processes to restore.
-    fn rollback_checks(
-        &self,
-        rec: &drums_catalog::SessionRecord,
-        to: Option<&str>,
-    ) -> Result<(VersionRecord, Manifest), SessionError> {
-        let target = self.version_of(rec, to)?;
+        let target = self.version_of(&rec, to)?;
         let (_, m) = self.manifest(&target.id)?;
         if m.process_of().is_none() {
             return Err(SessionError::Conflict(format!(
@@ -734,8 +716,7 @@ impl Manager {
                 rec.name
             )));
         }
-        Ok((target, m))
->>>>>>> agent-tool
+        Ok(to_api_version(&target))
     }
 
     /// A done version of `rec` by id, name or number; its position if none.
