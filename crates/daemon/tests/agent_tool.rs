@@ -164,12 +164,12 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
         [(good.number, s.id.clone()), (broken.number, s.id.clone())]
     );
 
-    // An unknown version: 400, and nothing changes.
+    // An unknown version: 404, and nothing changes.
     let (status, err) = from_inside(&d, "agent", "POST", "/v1/rollback", Some(r#"{"to": "99"}"#));
-    assert_eq!(status, 400, "{err}");
-    assert_eq!(err["error"]["kind"], "bad_request", "{err}");
+    assert_eq!(status, 404, "{err}");
+    assert_eq!(err["error"]["kind"], "not_found", "{err}");
     let (status, err) = from_inside(&d, "agent", "POST", "/v1/rollback", Some(r#"{"to": 99}"#));
-    assert_eq!(status, 400, "a number too: {err}");
+    assert_eq!(status, 404, "a number too: {err}");
     // Not a JSON object, or an unknown field: 400 from drumsd's body rules.
     let (status, err) = from_inside(&d, "agent", "POST", "/v1/rollback", Some(r#"{"too": 1}"#));
     assert_eq!(status, 400, "{err}");
@@ -198,7 +198,7 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
         format!(r#"{{"to": "{}"}}"#, good.id),
     ] {
         let (status, err) = from_inside(&d, "other", "POST", "/v1/rollback", Some(&to));
-        assert_eq!(status, 400, "{to}: {err}");
+        assert_eq!(status, 404, "{to}: {err}");
     }
     let now = session(&d, "agent").await;
     assert_eq!(

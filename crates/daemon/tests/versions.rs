@@ -243,12 +243,12 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let v1 = took(&turn(&d, "bad", "echo 1 > /root/a", Policy::Selective).await);
     let before = versions(&d, "bad").await;
 
-    // An unknown version, by number and by id: 400, exit 2.
+    // An unknown version, by number and by id: 404, exit 3.
     for to in ["99", "nosuchid"] {
         let o = d.drums(&["rollback", "bad", "--to", to]);
         assert_eq!(
             o.status.code(),
-            Some(2),
+            Some(3),
             "{to}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
@@ -551,7 +551,7 @@ async fn fork_at_a_version_branches_from_it() {
     );
     let before = versions(&d, "tree").await.len();
     let o = d.drums(&["fork", "tree", "--at", "99"]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(3));
     assert_eq!(
         versions(&d, "tree").await.len(),
         before,

@@ -120,6 +120,8 @@ pub enum SessionError {
     /// The request conflicts with the state of what it names.
     #[error("{0}")]
     Conflict(String),
+    #[error("session {session} has no version {version:?}")]
+    VersionNotFound { session: String, version: String },
     /// A version's job failed; every waiter of it gets the same error.
     #[error(transparent)]
     Version(std::sync::Arc<SessionError>),
@@ -141,6 +143,7 @@ impl SessionError {
             e if out_of_room(e) => ErrorKind::Conflict,
             SessionError::ArchiveTooLarge { .. } => ErrorKind::Conflict,
             SessionError::NotFound(_)
+            | SessionError::VersionNotFound { .. }
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
             SessionError::NameTaken(_) | SessionError::NotRunning { .. } => ErrorKind::Conflict,

@@ -739,19 +739,22 @@ impl Manager {
                 .iter()
                 .find(|v| v.id == t || v.name == t || v.number.is_some_and(|n| n.to_string() == t)),
         };
-        let what = to.unwrap_or("(newest)");
-        match found {
-            None => Err(SessionError::Invalid(format!(
-                "session {} has no version {what}",
+        match (found, to) {
+            (None, Some(t)) => Err(SessionError::VersionNotFound {
+                session: rec.name.clone(),
+                version: t.to_owned(),
+            }),
+            (None, None) => Err(SessionError::Conflict(format!(
+                "session {} has no done version yet",
                 rec.name
             ))),
-            Some(v) if v.state != "done" => Err(SessionError::Conflict(format!(
+            (Some(v), _) if v.state != "done" => Err(SessionError::Conflict(format!(
                 "version {} of session {} is {}, not done",
                 v.number.unwrap_or(0),
                 rec.name,
                 v.state
             ))),
-            Some(v) => Ok(v.clone()),
+            (Some(v), _) => Ok(v.clone()),
         }
     }
 }
