@@ -535,6 +535,9 @@ async fn to_guest(
 async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Response> {
     let session = m.get(id)?;
     let client = m.guest_proxy(&session)?;
+    // Open until the answer's body is dropped: a checkpoint meanwhile is
+    // refused (409) rather than failed by CRIU.
+    let open = m.guest_stream(&session.id);
     let (parts, body) = req.into_parts();
     let mut out = hyper::Request::builder()
         .method(parts.method)
@@ -555,6 +558,10 @@ async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Respo
         .await
         .map_err(|e| guest_failed(m, &session, e))?;
     let (parts, body) = resp.into_parts();
+    let body = http_body_util::BodyExt::map_frame(body, move |frame| {
+        let _held = &open;
+        frame
+    });
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

@@ -288,6 +288,28 @@ async fn bad_input_is_refused_and_changes_nothing() {
     }
     assert_eq!(versions(&d, "bad").await, before, "nothing changed");
 
+    // A checkpoint while a `drums exec` is still open: refused (409, exit
+    // 4) with why, not failed by CRIU (500); once it has finished, taken.
+    let mut exec = std::process::Command::new(common::bin_dir().join("drums"))
+        .arg("--state-dir")
+        .arg(d.state.path())
+        .args(["--no-autostart", "exec", "bad", "--", "sleep", "2"])
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let o = d.drums(&["checkpoint", "bad", "--leave-running"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("still open"), "{err}");
+    assert_eq!(
+        versions(&d, "bad").await,
+        before,
+        "refused before anything was made"
+    );
+    assert!(exec.wait().unwrap().success());
+    let o = d.drums(&["checkpoint", "bad", "--leave-running"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
     // A rollback of a removed session: 404, exit 3.
     d.rm(&s.id).await.unwrap();
     let o = d.drums(&["rollback", "bad", "--to", &v1.number.to_string()]);

@@ -92,9 +92,31 @@ pub struct Manager {
     pub(crate) positions: crate::versions::Positions,
     /// Sessions whose old versions are being dropped right now.
     pub(crate) retaining: Mutex<std::collections::HashSet<String>>,
+    /// Requests passed through to each session's guest that are still open
+    /// (`drums exec`, file transfers): CRIU cannot dump the guest's end of
+    /// such a connection, whose peer is drumsd.
+    pub(crate) guest_streams: std::sync::Arc<Mutex<std::collections::HashMap<String, usize>>>,
     /// Per version: a removal (`drums checkpoint rm`, retention) waits for
     /// the restores, rollbacks and recoveries reading it (see `busy`).
     pub(crate) busy_checkpoints: crate::busy::Locks,
+}
+
+/// An open request to a session's guest; see [`Manager::guest_stream`].
+pub struct GuestStream {
+    streams: std::sync::Arc<Mutex<std::collections::HashMap<String, usize>>>,
+    id: String,
+}
+
+impl Drop for GuestStream {
+    fn drop(&mut self) {
+        let mut all = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = all.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                all.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// The sessions a previous daemon left that the sweep keeps.
@@ -204,6 +226,7 @@ impl Manager {
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
             busy_checkpoints: Default::default(),
+            guest_streams: Default::default(),
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),
             turns: tokio::sync::broadcast::channel(256).0,
@@ -489,6 +512,31 @@ impl Manager {
     /// through from the API (exec, files): the socket resolved inside the
     /// session's root, an error body read only up to [`GUEST_MAX_BODY`], and
     /// no time limit, since an exec or an upload may rightly take hours.
+    /// Count a request passed through to session `id`'s guest as open until
+    /// the guard (kept with its answer's body) is dropped.
+    pub fn guest_stream(&self, id: &str) -> GuestStream {
+        *self
+            .guest_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_owned())
+            .or_default() += 1;
+        GuestStream {
+            streams: self.guest_streams.clone(),
+            id: id.to_owned(),
+        }
+    }
+
+    /// Requests passed through to session `id`'s guest still open.
+    pub(crate) fn open_guest_streams(&self, id: &str) -> usize {
+        self.guest_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn guest_proxy(&self, s: &Session) -> Result<drums_api::Client, SessionError> {
         match s.init_pid {
             Some(pid) if s.state == "running" => {

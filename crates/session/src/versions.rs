@@ -386,6 +386,17 @@ impl Manager {
             &job.changed,
             pos.needs_full,
         );
+        let open = self.open_guest_streams(&rec.id);
+        if took != Took::Files && open > 0 {
+            // Refused before anything is made: CRIU would fail on the guest's
+            // end of each such connection ("Unix socket … not found": its
+            // peer is drumsd, outside the tree).
+            return Err(SessionError::Conflict(format!(
+                "session {} has {open} request(s) of drums exec or a file transfer still open: \
+                 CRIU cannot checkpoint their connection to drumsd; checkpoint once they finish",
+                rec.name
+            )));
+        }
         let id = random_hex(6);
         let ver = self.catalog.insert_version(&VersionRecord {
             id: id.clone(),
