@@ -77,12 +77,7 @@ impl Manager {
         let dir = self.checkpoint_dir(&ck.id);
         // A selective version's artifacts may be an earlier version's: the
         // archive holds them all, and an import makes it a full checkpoint.
-        let process_of = m.process_of().ok_or_else(|| {
-            SessionError::Conflict(format!(
-                "version {} holds files only (the files policy): there are no processes to export",
-                ck.id
-            ))
-        })?;
+        let process_of = crate::restore::process_artifact(&m)?;
         let images_dir = self.checkpoint_dir(process_of);
         let snap = self.checkpoint_snapshot(m.files_of());
         let fault = self.faults.check("export.tar").err().map(|e| e.to_string());

@@ -181,7 +181,6 @@ impl Manager {
         limits: &drums_api::Limits,
         lower: &std::path::Path,
     ) -> Result<i32, SessionError> {
-        process_artifact(m)?;
         self.build_sibling(rec, m, limits, lower, false).await
     }
 
@@ -382,17 +381,7 @@ impl Manager {
                 .json(hyper::Method::POST, "/v1/desktop/hygiene", Some(&browser))
                 .await
                 .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
-            // The guest's budget ends before drumsd's client gives up, so
-            // a late desktop answers with what was late.
-            let ready = format!(
-                "/v1/desktop/ready?timeout_ms={}",
-                (crate::manager::GUEST_TIMEOUT - crate::manager::GUEST_GRACE).as_millis()
-            );
-            let _: serde_json::Value =
-                client
-                    .json(hyper::Method::GET, &ready, None::<&()>)
-                    .await
-                    .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+            self.desktop_ready(pid).await?;
         }
         Ok(())
     }
@@ -414,7 +403,7 @@ impl Manager {
 
 /// The version whose CRIU images a restore uses; a version without process
 /// state (the `files` policy) has none to restore.
-fn process_artifact(m: &Manifest) -> Result<&str, SessionError> {
+pub(crate) fn process_artifact(m: &Manifest) -> Result<&str, SessionError> {
     m.process_of().ok_or_else(|| {
         SessionError::Conflict(format!(
             "version {} holds files only (the files policy): it has no processes to restore",

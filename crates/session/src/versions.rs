@@ -652,13 +652,7 @@ impl Manager {
                 source,
             })?;
         let lower = self.images.get(&m.session.image)?.rootfs;
-        if m.process_of().is_none() {
-            return Err(SessionError::Conflict(format!(
-                "version {} of session {} holds files only (the files policy): it has no processes to restore",
-                target.number.unwrap_or(0),
-                rec.name
-            )));
-        }
+        crate::restore::process_artifact(&m)?;
         let t0 = Instant::now();
         self.catalog.set_session_state(&rec.id, "creating", None)?;
         self.forget_turns(&rec.name);
@@ -720,13 +714,7 @@ impl Manager {
         }
         let target = self.version_of(&rec, to)?;
         let (_, m) = self.manifest(&target.id)?;
-        if m.process_of().is_none() {
-            return Err(SessionError::Conflict(format!(
-                "version {} of session {} holds files only (the files policy): it has no processes to roll back to",
-                target.number.unwrap_or(0),
-                rec.name
-            )));
-        }
+        crate::restore::process_artifact(&m)?;
         Ok(to_api_version(&target))
     }
 
