@@ -10,8 +10,9 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -240,18 +241,50 @@ pub async fn put_file(
     query: Result<Query<FileQuery>, QueryRejection>,
     body: Body,
 ) -> Result<(StatusCode, Json<PutResponse>), ApiError> {
-    let Query(query) = query.map_err(crate::server::query_rejection)?;
-    let path = paths::resolve(&query.path)?;
-    let mode = query.mode.as_deref().map(parse_mode).transpose()?;
-    let size = write_file(&path, mode, body).await?;
-    tracing::info!(path = %path.display(), size, "file written");
-    Ok((
-        StatusCode::CREATED,
-        Json(PutResponse {
-            path: path.to_string_lossy().into_owned(),
-            size,
-        }),
-    ))
+    let mut data = body.into_data_stream();
+    let put = async {
+        let Query(query) = query.map_err(crate::server::query_rejection)?;
+        let path = paths::resolve(&query.path)?;
+        let mode = query.mode.as_deref().map(parse_mode).transpose()?;
+        let size = write_file(&path, mode, &mut data).await?;
+        tracing::info!(path = %path.display(), size, "file written");
+        Ok((
+            StatusCode::CREATED,
+            Json(PutResponse {
+                path: path.to_string_lossy().into_owned(),
+                size,
+            }),
+        ))
+    }
+    .await;
+    if put.is_err() {
+        drain(&mut data).await;
+    }
+    put
+}
+
+/// How much of a refused upload's body is read and dropped before the
+/// answer, and for how long.
+const DRAIN_MAX: u64 = 64 << 20;
+const DRAIN_FOR: Duration = Duration::from_secs(5);
+
+/// Read what is left of a refused upload's body. Answering without reading
+/// it makes the server close the connection with the body unread, and a
+/// client still sending it (drumsd, streaming the user's upload) gets EPIPE
+/// instead of the answer: the user read "guest unavailable" (502) where the
+/// guest had said 400 or 404. Bounded, as HTTP servers bound a lingering
+/// close: past the bound the connection closes as before.
+async fn drain(data: &mut BodyDataStream) {
+    let mut read = 0u64;
+    let _ = tokio::time::timeout(DRAIN_FOR, async {
+        while let Some(Ok(chunk)) = data.next().await {
+            read += chunk.len() as u64;
+            if read > DRAIN_MAX {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Removes the temporary upload file unless the upload was committed, so a
@@ -281,7 +314,11 @@ impl Drop for TempFile {
 /// file gets 0644. Replacing a file also keeps its owner, since files under a
 /// user's home must stay theirs even though the agent writes as root. A
 /// symlink at `path` is replaced by the new file, not followed (as `mv` would).
-async fn write_file(path: &Path, mode: Option<u32>, body: Body) -> Result<u64, FilesError> {
+async fn write_file(
+    path: &Path,
+    mode: Option<u32>,
+    data: &mut BodyDataStream,
+) -> Result<u64, FilesError> {
     let Some(parent) = path.parent() else {
         return Err(FilesError::IsADirectory(path.to_owned()));
     };
@@ -330,7 +367,6 @@ async fn write_file(path: &Path, mode: Option<u32>, body: Body) -> Result<u64, F
     let mut guard = TempFile(Some(tmp.clone()));
 
     let mut size = 0u64;
-    let mut data = body.into_data_stream();
     while let Some(chunk) = data.next().await {
         let chunk = chunk.map_err(FilesError::Body)?;
         file.write_all(&chunk)

@@ -906,3 +906,53 @@ async fn unknown_routes_and_methods() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(body["error"]["kind"], "method_not_allowed");
 }
+
+/// A refused upload whose body is still on its way (drumsd streams the
+/// user's upload) gets its answer: the agent reads the rest of the body
+/// before answering, instead of closing the connection on it, which made the
+/// sender's next write fail with EPIPE and lost the 400 (found by the fuzzer
+/// as a 502 from drumsd).
+#[tokio::test]
+async fn a_refused_upload_is_answered_even_when_its_body_comes_late() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let guest = Guest::start().await;
+    let dir = guest.dir.path().to_str().unwrap().to_owned();
+    let body = vec![b'x'; 4096];
+    for query in [
+        format!("path={}&mode=999", enc(&format!("{dir}/f"))),
+        format!("path={}", enc(&format!("{dir}/no/such/dir/f"))),
+        "mode=0644".to_owned(),
+    ] {
+        let mut stream = UnixStream::connect(&guest.sock).await.unwrap();
+        let head = format!(
+            "PUT /v1/files?{query} HTTP/1.1\r\nhost: guest\r\n\
+             content-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // Long enough for an agent that answers at once to have answered
+        // and closed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stream
+            .write_all(&body)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: the agent closed before the body came: {e}"));
+        let mut answer = String::new();
+        let mut buf = [0u8; 4096];
+        while !answer.contains("\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "{query}: no answer");
+            answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let status = answer.split(' ').nth(1).unwrap();
+        assert!(
+            status == "400" || status == "404",
+            "{query}: answered {answer}"
+        );
+    }
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["run"], "a refused upload left a file");
+}
