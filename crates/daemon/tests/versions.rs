@@ -209,6 +209,7 @@ async fn selective_versions_pair_as_specified_and_rollback_restores_each_exactly
             (&s.id, &s.ip, &s.hostname),
             "a rollback keeps the session's identity"
         );
+        reaches_the_bridge(&d, "ver", &s);
     }
     // The files policy's version has no processes to restore.
     let o = d.drums(&["rollback", "ver", "--to", &v8.number.to_string()]);
@@ -224,6 +225,29 @@ async fn selective_versions_pair_as_specified_and_rollback_restores_each_exactly
 
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
+}
+
+/// The session's network works through the firewall after a rollback,
+/// which kept its port listed rather than removing and adding it: its
+/// packets pass the anti-spoofing check (they reach drumsd's session API on
+/// the bridge address, which knows the session by its address), and the
+/// firewall lists the port once.
+fn reaches_the_bridge(d: &TestDaemon, name: &str, s: &drums_api::Session) {
+    let gw = d.subnet().replace(".0/24", ".1");
+    let script = format!(
+        "python3 -c \"import http.client;c=http.client.HTTPConnection('{gw}',{},timeout=10);\
+         c.request('GET','/v1/self/versions');print(c.getresponse().status)\"",
+        drums_api::SESSION_API_PORT
+    );
+    let (code, out, err) = d.sh(name, &script);
+    assert_eq!((code, out.trim()), (0, "200"), "{err}");
+    let ip: std::net::Ipv4Addr = s.ip.as_deref().unwrap().parse().unwrap();
+    let listed = drums_net::firewall::ports(&d.bridge)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, a)| *a == ip)
+        .count();
+    assert_eq!(listed, 1, "the firewall lists the session's port once");
 }
 
 fn ask_script(what: &str) -> String {

@@ -70,6 +70,10 @@ pub struct VethSpec {
     /// session's address in the firewall's egress set. Without it the session
     /// has no route beyond its subnet and the firewall forwards nothing of it.
     pub egress: bool,
+    /// The firewall lists this port already, with this name, MAC, address
+    /// and egress: a session rebuilt under its own identity (a rollback)
+    /// kept it, so it is not added again (it costs ~10 ms to remove and add).
+    pub listed: bool,
 }
 
 impl Net {
@@ -276,15 +280,17 @@ impl Net {
         // Listed before the port joins the bridge: the bridge table checks
         // only listed ports (see the firewall module), so no frame of this
         // port is ever forwarded unchecked.
-        firewall::add_port(
-            &spec.bridge,
-            &Port {
-                ifname: spec.host_name.clone(),
-                mac: spec.mac,
-                ip: spec.ip,
-                egress: spec.egress,
-            },
-        )?;
+        if !spec.listed {
+            firewall::add_port(
+                &spec.bridge,
+                &Port {
+                    ifname: spec.host_name.clone(),
+                    mac: spec.mac,
+                    ip: spec.ip,
+                    egress: spec.egress,
+                },
+            )?;
+        }
         self.attach_index(index, host, bridge_index).await?;
 
         let (ip, prefix, gateway, default_route) =

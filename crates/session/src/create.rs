@@ -209,6 +209,7 @@ impl Manager {
                         prefix: self.cfg.prefix,
                         gateway: self.gateway(),
                         egress,
+                        listed: false,
                     })
                     .await?;
             }

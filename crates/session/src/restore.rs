@@ -168,20 +168,26 @@ impl Manager {
         // of its own (see crate::ids).
         let ids = m.session.user_namespace.then_some(crate::ids::POOL);
         let rec = self.catalog.insert_session(rec, pool, ids)?;
-        let built = self.build_sibling(&rec, m, limits, lower, true).await;
+        let built = self
+            .build_sibling(&rec, m, limits, lower, true, false)
+            .await;
         self.settle(&rec, built).await
     }
 
-    /// A rollback's restore: the session's own record, its own identity in
-    /// the images, so no hygiene; ready when its guest (and desktop) is.
+    /// A rollback's or recovery's restore: the session's own record, its own
+    /// identity in the images, so no hygiene; ready when its guest (and
+    /// desktop) is. `kept_port`: its firewall port stayed listed (see
+    /// [`crate::teardown::remove_owned_keeping_port`]).
     pub(crate) async fn rebuild(
         &self,
         rec: &SessionRecord,
         m: &Manifest,
         limits: &drums_api::Limits,
         lower: &std::path::Path,
+        kept_port: bool,
     ) -> Result<i32, SessionError> {
-        self.build_sibling(rec, m, limits, lower, false).await
+        self.build_sibling(rec, m, limits, lower, false, kept_port)
+            .await
     }
 
     async fn build_sibling(
@@ -191,6 +197,7 @@ impl Manager {
         limits: &drums_api::Limits,
         lower: &std::path::Path,
         hygiene: bool,
+        kept_port: bool,
     ) -> Result<i32, SessionError> {
         let id = &rec.id;
         let record = |kind, key: &str| self.catalog.record(id, kind, key);
@@ -264,6 +271,7 @@ impl Manager {
             prefix: self.cfg.prefix,
             gateway: self.gateway(),
             egress: rec.egress == Egress::Nat.as_str(),
+            listed: kept_port,
         });
         if rec.egress == Egress::Nat.as_str() {
             self.ip_forward

@@ -13,9 +13,22 @@ use crate::{error_chain, process, SessionError};
 /// Remove every resource of `owner`, newest first, forgetting each one only once
 /// it is gone. Every resource is attempted even if an earlier one failed.
 pub async fn remove_owned(m: &Manager, owner: &str) -> Result<(), SessionError> {
+    remove_owned_but(m, owner, false).await
+}
+
+/// [`remove_owned`], except that a veth's firewall port stays listed: for a
+/// session rebuilt at once under its own identity (a rollback), whose new
+/// veth has the same name, MAC and address. Until that veth exists the
+/// element matches no device; if the rebuild fails, its clean-up removes the
+/// port with the veth, and a restarted drumsd's firewall starts empty.
+pub async fn remove_owned_keeping_port(m: &Manager, owner: &str) -> Result<(), SessionError> {
+    remove_owned_but(m, owner, true).await
+}
+
+async fn remove_owned_but(m: &Manager, owner: &str, keep_port: bool) -> Result<(), SessionError> {
     let mut failures = Vec::new();
     for r in m.catalog.owned_by(owner)? {
-        match remove_resource(m, &r).await {
+        match remove_resource(m, &r, keep_port).await {
             Ok(()) => m.catalog.release(r.seq)?,
             Err(e) => failures.push(format!("{} {}: {e}", r.kind.as_str(), r.key)),
         }
@@ -40,7 +53,7 @@ where
 }
 
 /// Remove one resource; a resource that is already gone counts as removed.
-async fn remove_resource(m: &Manager, r: &Resource) -> Result<(), String> {
+async fn remove_resource(m: &Manager, r: &Resource, keep_port: bool) -> Result<(), String> {
     let key = r.key.clone();
     match r.kind {
         ResourceKind::Process => {
@@ -48,6 +61,9 @@ async fn remove_resource(m: &Manager, r: &Resource) -> Result<(), String> {
         }
         ResourceKind::Link => {
             m.net.delete_link(&key).await.map_err(|e| error_chain(&e))?;
+            if keep_port {
+                return Ok(());
+            }
             // A session's veth: its anti-spoofing and egress elements go with
             // it (a no-op for the bridge itself, which is no port).
             let bridge = m.cfg.bridge.clone();

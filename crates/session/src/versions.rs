@@ -589,7 +589,8 @@ impl Manager {
         }
         self.engine.cancel_session(&rec.id).await;
         let target = self.version_of(&rec, to)?;
-        self.restore_in_place(&rec, &target, "rolled back").await
+        self.restore_in_place(&rec, &target, InPlace::Rollback)
+            .await
     }
 
     /// `drums recover`: a session whose processes died comes back from its
@@ -628,7 +629,7 @@ impl Manager {
                     rec.name
                 ))
             })?;
-        self.restore_in_place(rec, &newest, "recovered").await
+        self.restore_in_place(rec, &newest, InPlace::Recover).await
     }
 
     /// Replace what session `rec` runs on with version `target`'s artifacts,
@@ -638,7 +639,7 @@ impl Manager {
         &self,
         rec: &drums_catalog::SessionRecord,
         target: &VersionRecord,
-        what: &str,
+        what: InPlace,
     ) -> Result<Session, SessionError> {
         // Retention or `checkpoint rm` waits until this has read the
         // version's artifacts (see `busy`); read under the lock.
@@ -659,8 +660,16 @@ impl Manager {
         // Everything the session runs on goes; its catalog row (address, id
         // range, name) stays, and the version's artifacts come back under the
         // same identity. No hygiene: no clone of it is alive.
-        teardown::remove_owned(self, &rec.id).await?;
-        let built = self.rebuild(rec, &m, &limits, &lower).await;
+        // A live session's firewall port stays: the rebuilt one has the same
+        // veth name, MAC and address. A dead one's may be gone with the
+        // daemon that listed it.
+        let keep_port = what == InPlace::Rollback;
+        if keep_port {
+            teardown::remove_owned_keeping_port(self, &rec.id).await?;
+        } else {
+            teardown::remove_owned(self, &rec.id).await?;
+        }
+        let built = self.rebuild(rec, &m, &limits, &lower, keep_port).await;
         let failed = built.is_err();
         let settled = self.settle(rec, built).await;
         // Before dropping versions below, which takes their locks alone.
@@ -686,7 +695,7 @@ impl Manager {
             p.at = Some(target.id.clone());
             p.needs_full = false;
         });
-        info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{what}");
+        info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{}", what.done());
         Ok(session)
     }
 
@@ -754,6 +763,24 @@ impl Manager {
                 v.state
             ))),
             (Some(v), _) => Ok(v.clone()),
+        }
+    }
+}
+
+/// What a restore in place is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InPlace {
+    /// The session is live: `drums rollback`.
+    Rollback,
+    /// Its processes died: `drums recover`, or a restarted drumsd.
+    Recover,
+}
+
+impl InPlace {
+    fn done(self) -> &'static str {
+        match self {
+            InPlace::Rollback => "rolled back",
+            InPlace::Recover => "recovered",
         }
     }
 }

@@ -123,6 +123,7 @@ impl Fixture {
             prefix: 24,
             gateway: self.gateway(),
             egress,
+            listed: false,
         }
     }
 
