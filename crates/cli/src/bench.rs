@@ -13,6 +13,7 @@ mod desktop;
 mod engine;
 mod freeze;
 mod inspect;
+mod respawn;
 
 pub use confinement::confinement;
 pub use engine::engine;

@@ -60,7 +60,7 @@ use futures::future::join_all;
 use hyper::Method;
 use serde_json::{json, Map, Value};
 
-use super::{create, percentile, remove, sh};
+use super::{create, percentile, remove, respawn, sh};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -128,6 +128,11 @@ struct Versions {
     redone: usize,
     /// Why the desktop's process-only versions stopped being tried.
     desktop_process: Option<String>,
+    /// `drums recover` after the session's processes were killed.
+    recover: [Vec<f64>; 2],
+    /// After `kill -9` of drumsd and of the session's processes: from the
+    /// new drumsd's start until it answers, having recovered the session.
+    restart: [Vec<f64>; 2],
 }
 
 /// One job of a queue batch.
@@ -418,10 +423,81 @@ async fn versions_part(
             );
         }
     }
+    let daemon = respawn::Daemon::of(c.socket())?;
+    for round in 1..=n {
+        progress(as_json, format!("recover: round {round}/{n}"));
+        let order = if round.is_multiple_of(2) {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
+        for p in order {
+            v.recover[p].push(recover(c, &sessions[p]).await?);
+            v.restart[p].push(restart(c, &sessions[p], &daemon).await?);
+        }
+    }
     if !as_json {
         eprintln!();
     }
     Ok(v)
+}
+
+/// The session as drumsd has it now.
+async fn current(c: &Client, s: &Session) -> Result<Session, Failure> {
+    Ok(c.json(
+        Method::GET,
+        &format!("/v1/sessions/{}", enc(&s.id)),
+        None::<&()>,
+    )
+    .await?)
+}
+
+/// The live init of `s`, which must have changed from `before`.
+fn init_of(s: &Session, before: Option<i32>) -> Result<i32, Failure> {
+    match s.init_pid {
+        Some(pid) if s.state == "running" && Some(pid) != before => Ok(pid),
+        _ => Err(Failure::new(
+            exit::INTERNAL,
+            format!(
+                "session {} was not recovered: {} with init {:?} (was {before:?})",
+                s.name, s.state, s.init_pid
+            ),
+        )),
+    }
+}
+
+/// Seconds of `drums recover` of `s` after its processes were killed.
+async fn recover(c: &Client, s: &Session) -> Result<f64, Failure> {
+    let before = init_of(&current(c, s).await?, None)?;
+    respawn::kill_session(before)?;
+    let t = Instant::now();
+    let back: Session = c
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{}/recover", enc(&s.id)),
+            None::<&()>,
+        )
+        .await?;
+    let took = t.elapsed().as_secs_f64();
+    init_of(&back, Some(before))?;
+    Ok(took)
+}
+
+/// Seconds from the start of a new drumsd, after `kill -9` of the old one
+/// and of the session's processes, until it answers: it recovers the
+/// session (from its newest version) before it opens its socket.
+async fn restart(c: &Client, s: &Session, daemon: &respawn::Daemon) -> Result<f64, Failure> {
+    let before = init_of(&current(c, s).await?, None)?;
+    // drumsd first, so it sees nothing of the session's death.
+    let daemon = respawn::Daemon::of(c.socket()).unwrap_or_else(|_| daemon.clone());
+    daemon.kill9()?;
+    respawn::kill_session(before)?;
+    let t = Instant::now();
+    daemon.respawn()?;
+    daemon.wait_up(std::time::Duration::from_secs(120))?;
+    let took = t.elapsed().as_secs_f64();
+    init_of(&current(c, s).await?, Some(before))?;
+    Ok(took)
 }
 
 /// One round's samples.
@@ -697,6 +773,20 @@ fn lines(v: &Versions) -> Vec<Line> {
             &format!("rollback to full, {profile}"),
             v.rollback_full[p].clone(),
             target,
+        ));
+    }
+    for (p, profile) in PROFILES.into_iter().enumerate() {
+        out.push(line(
+            &format!("recover.{profile}"),
+            &format!("recover, {profile} (drums recover)"),
+            v.recover[p].clone(),
+            "",
+        ));
+        out.push(line(
+            &format!("recover.restart.{profile}"),
+            &format!("recover, {profile}, kill -9 of drumsd"),
+            v.restart[p].clone(),
+            "",
         ));
     }
     out
