@@ -35,8 +35,8 @@
 //! keeps its address, and a removed session's address goes back to the pool
 //! only once its processes are gone.
 
-use std::collections::HashSet;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -133,19 +133,105 @@ pub fn router(api: Arc<SessionApi>) -> Router {
         .layer(axum::middleware::from_fn(crate::server::uri_limit))
 }
 
+/// At most this many connections at once from one address. An agent's tool
+/// calls come one at a time; more is a session holding drumsd's sockets and
+/// memory, and the extra connections are closed as soon as accepted, so one
+/// session cannot take the service from the others.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 8;
+/// How long a connection may take to send a request's headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection lives, whatever it does.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
 /// Serve `router` on `listener` until `shutdown`, with each connection's
-/// source address for [`identify`].
+/// source address for [`identify`], and within the bounds above (axum's own
+/// `serve` has none: a session could open connections until drumsd runs out
+/// of file descriptors, or keep each open forever sending nothing).
 pub async fn serve(
     listener: TcpListener,
     api: Arc<SessionApi>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(api).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    use tower::ServiceExt as _;
+    let router = router(api);
+    let open = Arc::new(Mutex::new(HashMap::new()));
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Out of file descriptors, or a connection reset before it
+                // was accepted: the listener itself is fine.
+                Err(e) => {
+                    warn!("session api: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = Slot::take(&open, peer.ip()) else {
+            continue; // dropped: closed at once
+        };
+        let service =
+            router
+                .clone()
+                .map_request(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let mut req = req.map(axum::body::Body::new);
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    req
+                });
+        connections.spawn(async move {
+            let _slot = slot;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper_util::service::TowerToHyperService::new(service),
+                );
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+        });
+    }
+    // Requests under way end here; a self rollback already answered is a
+    // task of its own, which drumsd's shutdown waits for (SessionApi::drain).
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// One of an address's connections, given back when dropped.
+struct Slot {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Slot {
+    fn take(open: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr) -> Option<Slot> {
+        let mut map = open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= MAX_CONNECTIONS_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            open: open.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut map = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Names the caller by its source address alone (see the module's comment),

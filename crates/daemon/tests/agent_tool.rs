@@ -286,6 +286,96 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
     d.stop_and_check_leaks();
 }
 
+/// Code in a session is hostile: one that opens connections to drumsd's
+/// session API and sends nothing gets at most
+/// `MAX_CONNECTIONS_PER_ADDRESS` of them (the next is closed unanswered),
+/// has them closed after `HEADER_TIMEOUT`, and meanwhile another session is
+/// served as usual. Once they are closed, it is served again too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_floods_the_session_api_gets_its_share_only() {
+    let mut d = TestDaemon::start();
+    for name in ["flood", "calm"] {
+        d.create(&CreateSession {
+            name: Some(name.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let gw = d.subnet().replace(".0/24", ".1");
+    let port = drums_api::SESSION_API_PORT;
+    let held = drums_daemon::session_api::MAX_CONNECTIONS_PER_ADDRESS;
+    // Holds `held` idle connections, then tries one more with a request;
+    // writes what that one got, and how long the held ones stayed open.
+    let flood = format!(
+        "import socket,time\n\
+         held=[socket.create_connection(('{gw}',{port})) for _ in range({held})]\n\
+         time.sleep(0.5)\n\
+         x=socket.create_connection(('{gw}',{port}))\n\
+         x.settimeout(5)\n\
+         try:\n x.sendall(b'GET /v1/self/versions HTTP/1.1\\r\\nHost: d\\r\\n\\r\\n'); extra=x.recv(100)\n\
+         except OSError: extra=b''\n\
+         t=time.time()\n\
+         for s in held:\n s.settimeout(30)\n try: s.recv(10)\n except OSError: pass\n\
+         open('/tmp/flood.out','w').write(repr(extra)+' '+str(round(time.time()-t)))\n"
+    );
+    std::fs::write(d.state.path().join("flood.py"), &flood).unwrap();
+    let put = d.drums(&[
+        "cp",
+        d.state.path().join("flood.py").to_str().unwrap(),
+        "flood:/root/flood.py",
+    ]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let (code, _, err) = d.sh(
+        "flood",
+        "nohup python3 /root/flood.py >/dev/null 2>&1 & sleep 1",
+    );
+    assert_eq!(code, 0, "{err}");
+
+    let versions = format!(
+        "python3 -c \"import http.client;c=http.client.HTTPConnection('{gw}',{port},timeout=10);\
+         c.request('GET','/v1/self/versions');print(c.getresponse().status)\""
+    );
+    let (code, out, err) = d.sh("calm", &versions);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "200"),
+        "another session is served: {err}"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let result = loop {
+        let (_, out, _) = d.sh("flood", "cat /tmp/flood.out 2>/dev/null; true");
+        if !out.is_empty() {
+            break out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held connections stayed open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let (extra, open_for) = result.split_once(' ').unwrap();
+    assert_eq!(extra, "b''", "the connection past the limit was answered");
+    let open_for: u64 = open_for.parse().unwrap();
+    let timeout = drums_daemon::session_api::HEADER_TIMEOUT.as_secs();
+    assert!(
+        open_for <= timeout + 2,
+        "idle connections were closed after {open_for} s, not {timeout} s"
+    );
+    let (code, out, err) = d.sh("flood", &versions);
+    assert_eq!((code, out.as_str()), (0, "200"), "served again: {err}");
+
+    for name in ["flood", "calm"] {
+        d.rm(name).await.unwrap();
+    }
+    d.stop_and_check_leaks();
+}
+
 /// The tool's schemas in docs/agent-tool.md: valid JSON, the same two tools
 /// in both formats, and arguments that fit them are what both endpoints
 /// take. No root needed.
