@@ -23,6 +23,13 @@
 //! drumsd recorded for it (`files` or `process` cost: from its job's start to
 //! its manifest on disk); the turn end is the call as the client saw it.
 //!
+//! Recovery, `n` rounds after the versions: each session's processes are
+//! killed (SIGKILL of its init) and `POST /v1/sessions/{s}/recover` times
+//! the recovery; then drumsd and the session's processes are killed, drumsd
+//! is started again as /proc says it was started (see `respawn`), and the
+//! time from its start until it answers is timed: it recovers the session
+//! before it opens its socket. The bench then talks to the new drumsd.
+//!
 //! Queue wait: 1, 4 and 16 headless sessions end a files turn at once (the
 //! turn ends with `wait: false`, concurrently), and each job's `queued_ms`
 //! is read with `GET /v1/jobs/{job}?wait=true`. With promotion on, every
@@ -38,6 +45,9 @@
 //!   version's own time; `<kind>.end`: the turn end call;
 //! - `frozen.<kind>`: how long the session's processes were frozen;
 //! - `rollback.files`, `rollback.full.{headless,desktop}`: the rollback call;
+//! - `recover.{headless,desktop}`: the recover call;
+//!   `recover.restart.{headless,desktop}`: a drumsd's start after `kill -9`
+//!   until it answers, the session recovered;
 //! - `bytes.<kind>`: what the version wrote (file data of its snapshot newer
 //!   than the previous files artifact, plus its CRIU images); for a full
 //!   version also `bytes.full.<profile>.{files,process}`;
