@@ -19,5 +19,10 @@ pub use types::*;
 /// docs/agent-tool.md), unless drumsd is told another.
 pub const SESSION_API_PORT: u16 = 7071;
 
+/// The port of drumsd's LLM proxy (the coordinator, docs/coordinator.md), on
+/// the bridge address for agents inside sessions and on 127.0.0.1 for agents
+/// outside, unless drumsd is told another.
+pub const LLM_PROXY_PORT: u16 = 7080;
+
 /// The OpenAPI document, embedded so the daemon can serve it at `/openapi.yaml`.
 pub const OPENAPI_YAML: &str = include_str!("../../../api/openapi.yaml");

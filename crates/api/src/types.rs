@@ -351,7 +351,7 @@ pub struct TurnBegun {
 }
 
 /// `POST /v1/sessions/{session}/turn/end`, and each line of
-/// `GET /v1/sessions/{session}/turns`: a turn's net effects on the session.
+/// `GET /v1/sessions/{session}/coordinator`: a turn's net effects on the session.
 /// The window is from the previous turn's end (or the first turn's begin) to
 /// this end, so what background processes do between turns is never lost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -618,4 +618,48 @@ pub struct Job {
     pub started_as: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// One request the coordinator (drumsd's LLM proxy) saw from a session: a
+/// turn boundary, what the turn's end took, and what it cost the agent.
+/// `GET /v1/sessions/{session}/coordinator`, and `drums turns SESSION`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatedTurn {
+    pub session: String,
+    /// The inspector's turn this request ended; none for a session's first
+    /// request, and for one sent while another of the session's was still
+    /// answered (not a boundary).
+    pub turn: Option<u64>,
+    /// `openai` or `anthropic`.
+    pub style: String,
+    pub path: String,
+    /// The upstream's status, or the proxy's own when it answered itself.
+    pub status: u16,
+    pub stream: bool,
+    /// What the turn's end took: `none`, `files`, `process`, `full`; `first`
+    /// (nothing to end), `concurrent` (not a boundary), or `error` (the
+    /// turn could not be ended; see `error`).
+    pub decision: String,
+    pub job: Option<String>,
+    /// The durable version, once the job is done.
+    pub version: Option<String>,
+    /// Bytes the version wrote (files and process images).
+    pub version_bytes: Option<u64>,
+    /// From the request's arrival to the upstream's last byte, in ms.
+    pub upstream_ms: f64,
+    /// How long the end of the answer was held for the version (the delay
+    /// the agent saw), in ms.
+    pub held_ms: f64,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    /// The client went away before the answer's end.
+    pub client_gone: bool,
+    pub error: Option<String>,
+    pub started_at_ms: i64,
+}
+
+/// `GET /v1/sessions/{session}/coordinator`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatedTurns {
+    pub turns: Vec<CoordinatedTurn>,
 }

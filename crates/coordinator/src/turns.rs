@@ -1,0 +1,139 @@
+//! The coordinator's view of each session's turns: whether one is open, how
+//! many of its requests are being answered, and the record of each request.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use drums_api::CoordinatedTurn;
+
+/// Records kept per session (the oldest go first).
+const KEEP: usize = 1000;
+
+/// What a request from a session is for the session's turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// It ends the open turn: its effects are classified and versioned.
+    End,
+    /// The session's first request: no turn is open yet; one begins when
+    /// the answer is released.
+    First,
+    /// Another request of the session is being answered: the agent is
+    /// mid-turn (parallel calls), so this is no boundary.
+    Concurrent,
+}
+
+#[derive(Default)]
+struct State {
+    open: bool,
+    in_flight: usize,
+}
+
+#[derive(Default)]
+pub struct Turns {
+    state: Mutex<HashMap<String, State>>,
+    records: Mutex<HashMap<String, VecDeque<CoordinatedTurn>>>,
+}
+
+impl Turns {
+    /// A request of `session` arrives.
+    pub fn enter(&self, session: &str) -> Boundary {
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = map.entry(session.to_owned()).or_default();
+        s.in_flight += 1;
+        match (s.in_flight, s.open) {
+            (1, true) => {
+                s.open = false;
+                Boundary::End
+            }
+            (1, false) => Boundary::First,
+            _ => Boundary::Concurrent,
+        }
+    }
+
+    /// A request's answer was released; true if it was the last one being
+    /// answered, so the next turn begins now.
+    pub fn leave(&self, session: &str) -> bool {
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = map.get_mut(session) else {
+            return false;
+        };
+        s.in_flight = s.in_flight.saturating_sub(1);
+        if s.in_flight == 0 {
+            s.open = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The turn could not begin (the session is gone, or its inspector
+    /// failed): the next request has no turn to end.
+    pub fn not_open(&self, session: &str) {
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get_mut(session) {
+            s.open = false;
+        }
+    }
+
+    /// Forget a session (it was removed, or rolled back: its turns start
+    /// again).
+    pub fn forget(&self, session: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
+    }
+
+    pub fn record(&self, session_id: &str, t: CoordinatedTurn) {
+        let mut map = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let list = map.entry(session_id.to_owned()).or_default();
+        if list.len() == KEEP {
+            list.pop_front();
+        }
+        list.push_back(t);
+    }
+
+    pub fn records(&self, session_id: &str) -> Vec<CoordinatedTurn> {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session_id)
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Drop what is kept of sessions that `alive` says are gone.
+    pub fn prune(&self, alive: impl Fn(&str) -> bool) {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| alive(id));
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, s| s.in_flight > 0 || alive(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundaries_follow_requests_and_releases() {
+        let t = Turns::default();
+        assert_eq!(t.enter("s"), Boundary::First);
+        assert!(t.leave("s"));
+        assert_eq!(t.enter("s"), Boundary::End);
+        // A parallel call while the first is answered is no boundary, and
+        // the turn begins when the last one is released.
+        assert_eq!(t.enter("s"), Boundary::Concurrent);
+        assert!(!t.leave("s"));
+        assert!(t.leave("s"));
+        assert_eq!(t.enter("s"), Boundary::End);
+        t.not_open("s");
+        assert!(t.leave("s"));
+        t.forget("s");
+        assert_eq!(t.enter("s"), Boundary::First);
+    }
+}
