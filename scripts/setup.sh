@@ -65,6 +65,22 @@ if [ ! -e "$st_venv/.drums-ready-$schemathesis_version" ]; then
   touch "$st_venv/.drums-ready-$schemathesis_version"
 fi
 
+# ---- the official LLM SDKs, for the coordinator's tests ----------------------
+# crates/daemon/tests/coordinator.rs runs the openai and anthropic Python SDKs,
+# unchanged, through drumsd's LLM proxy. Pinned like schemathesis.
+llm_sdks="openai==3.57.0 anthropic==2.15.0"
+sdk_venv=$cache/llm-sdks
+sdk_marker="$sdk_venv/.drums-ready-$(echo "$llm_sdks" | tr ' =' '_-')"
+if [ ! -e "$sdk_marker" ]; then
+  log "installing $llm_sdks into $sdk_venv (the coordinator's tests)"
+  rm -rf "$sdk_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$sdk_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$sdk_venv/bin/python" -m pip install -q --disable-pip-version-check $llm_sdks
+  touch "$sdk_marker"
+fi
+
 # ---- the Debian mirror, from the machine's own apt sources -----------------
 mirror_uri() {
   # deb822 sources first (Debian 12's default), then one-line sources.

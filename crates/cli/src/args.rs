@@ -103,6 +103,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What the LLM proxy saw of a session: each model request, the turn it
+    /// ended, what the turn's end took, and how long the answer was held.
+    Turns {
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// A session's versions: what each turn's end (or checkpoint) took.
     Versions {
         session: String,

@@ -63,6 +63,7 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Inspect { session, json } => inspect::inspect(&c, session, *json).await,
         Command::Turn(cmd) => inspect::turn(&c, cmd).await,
         Command::Versions { session, json } => drums_cli::versions::list(&c, session, *json).await,
+        Command::Turns { session, json } => drums_cli::versions::turns(&c, session, *json).await,
         Command::Rollback { session, to, json } => {
             drums_cli::versions::rollback(&c, session, to.as_deref(), *json).await
         }

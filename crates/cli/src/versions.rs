@@ -1,7 +1,7 @@
 //! `drums versions` and `drums rollback`: a session's history, and going
 //! back in it (see docs/engine.md).
 
-use drums_api::{Client, Rollback, Session, SessionVersions};
+use drums_api::{Client, CoordinatedTurns, Rollback, Session, SessionVersions};
 use hyper::Method;
 
 use crate::commands::enc;
@@ -100,5 +100,49 @@ pub async fn rollback(
     } else {
         println!("{} rolled back", s.name);
     }
+    Ok(exit::OK)
+}
+
+/// `drums turns`: the LLM proxy's record of a session (docs/coordinator.md).
+pub async fn turns(c: &Client, session: &str, json: bool) -> Result<i32, Failure> {
+    let l: CoordinatedTurns = c
+        .json(
+            Method::GET,
+            &format!("/v1/sessions/{}/coordinator", enc(session)),
+            None::<&()>,
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
+        return Ok(exit::OK);
+    }
+    let dash = || "-".to_owned();
+    let rows: Vec<Vec<String>> = l
+        .turns
+        .iter()
+        .map(|t| {
+            vec![
+                t.turn.map_or_else(dash, |n| n.to_string()),
+                format!("{} {}", t.style, t.path),
+                t.status.to_string(),
+                t.decision.clone(),
+                t.version.clone().unwrap_or_else(dash),
+                t.version_bytes.map_or_else(dash, |b| b.to_string()),
+                format!("{:.1} ms", t.upstream_ms),
+                format!("{:.1} ms", t.held_ms),
+                t.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "TURN", "REQUEST", "STATUS", "DECISION", "VERSION", "BYTES", "UPSTREAM", "HELD",
+                "ERROR"
+            ],
+            &rows
+        )
+    );
     Ok(exit::OK)
 }

@@ -76,6 +76,20 @@ pub struct DaemonArgs {
     /// added to the bridge services. 0 turns it off.
     #[arg(long, default_value_t = drums_api::SESSION_API_PORT, value_name = "PORT")]
     pub session_api_port: u16,
+    /// An upstream of the coordinator's LLM proxy, STYLE=URL, STYLE one of
+    /// openai (chat completions, responses) and anthropic (messages), URL
+    /// http:// or https:// with an optional path prefix (repeatable). See
+    /// docs/coordinator.md.
+    #[arg(long = "llm-upstream", value_name = "STYLE=URL")]
+    pub llm_upstreams: Vec<String>,
+    /// The TCP port of the LLM proxy on the bridge address, for agents inside
+    /// sessions; added to the bridge services. 0 turns it off there.
+    #[arg(long, default_value_t = drums_api::LLM_PROXY_PORT, value_name = "PORT")]
+    pub llm_proxy_port: u16,
+    /// Where the LLM proxy listens for agents on this host: ADDR:PORT, or
+    /// `off`.
+    #[arg(long, default_value = "127.0.0.1:7080", value_name = "ADDR:PORT|off")]
+    pub llm_proxy_local: String,
     /// A name server for sessions with `--egress nat` (repeatable, IPv4):
     /// written to their /etc/resolv.conf, and the only private address they
     /// may reach, on port 53. Default: the IPv4 name servers of this host's
@@ -188,16 +202,36 @@ impl DaemonArgs {
         (self.session_api_port != 0).then_some(self.session_api_port)
     }
 
-    /// The bridge services: those asked for, and the session API's.
+    /// The LLM proxy's port on the bridge address, unless it is turned off.
+    pub fn llm_proxy(&self) -> Option<u16> {
+        (self.llm_proxy_port != 0).then_some(self.llm_proxy_port)
+    }
+
+    /// The LLM proxy's address for agents on this host, unless `off`.
+    pub fn llm_proxy_local(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        if self.llm_proxy_local == "off" {
+            return Ok(None);
+        }
+        use anyhow::Context;
+        self.llm_proxy_local.parse().map(Some).with_context(|| {
+            format!(
+                "--llm-proxy-local {:?}: expected ADDR:PORT or off",
+                self.llm_proxy_local
+            )
+        })
+    }
+
+    /// The bridge services: those asked for, the session API's and the LLM
+    /// proxy's.
     pub fn services(&self) -> Vec<drums_net::Service> {
         let mut all = self.bridge_services.clone();
-        if let Some(port) = self.session_api() {
-            let api = drums_net::Service {
+        for port in [self.session_api(), self.llm_proxy()].into_iter().flatten() {
+            let ours = drums_net::Service {
                 proto: drums_net::firewall::Proto::Tcp,
                 port,
             };
-            if !all.contains(&api) {
-                all.push(api);
+            if !all.contains(&ours) {
+                all.push(ours);
             }
         }
         all
@@ -391,22 +425,31 @@ mod tests {
     }
 
     #[test]
-    fn the_session_api_is_a_bridge_service_unless_turned_off() {
+    fn the_session_api_and_llm_proxy_are_bridge_services_unless_turned_off() {
         let cli = Cli::try_parse_from(["drumsd"]).unwrap();
         assert_eq!(cli.daemon.session_api(), Some(drums_api::SESSION_API_PORT));
+        assert_eq!(cli.daemon.llm_proxy(), Some(drums_api::LLM_PROXY_PORT));
         let got: Vec<String> = cli
             .daemon
             .services()
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert_eq!(got, [format!("tcp:{}", drums_api::SESSION_API_PORT)]);
+        assert_eq!(
+            got,
+            [
+                format!("tcp:{}", drums_api::SESSION_API_PORT),
+                format!("tcp:{}", drums_api::LLM_PROXY_PORT)
+            ]
+        );
         let cli = Cli::try_parse_from([
             "drumsd",
             "--session-api-port",
             "8000",
             "--bridge-service",
             "tcp:8000",
+            "--llm-proxy-port",
+            "0",
         ])
         .unwrap();
         let got: Vec<String> = cli
@@ -416,9 +459,21 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(got, ["tcp:8000"], "listed once");
-        let cli = Cli::try_parse_from(["drumsd", "--session-api-port", "0"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "drumsd",
+            "--session-api-port",
+            "0",
+            "--llm-proxy-port",
+            "0",
+            "--llm-proxy-local",
+            "off",
+        ])
+        .unwrap();
         assert_eq!(cli.daemon.session_api(), None);
         assert!(cli.daemon.services().is_empty());
+        assert_eq!(cli.daemon.llm_proxy_local().unwrap(), None);
+        let cli = Cli::try_parse_from(["drumsd", "--llm-proxy-local", "nowhere"]).unwrap();
+        assert!(cli.daemon.llm_proxy_local().is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! socket, and the session API (`session_api`) to the sessions on the bridge
 //! address.
 
+pub mod bounded;
 pub mod config;
 pub mod error;
 pub mod json;
@@ -66,7 +67,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let (stop_sessions_api, stopped) = tokio::sync::oneshot::channel::<()>();
     let session_api = match args.session_api() {
         Some(port) => {
-            let l = session_api::bind(&cfg.bridge, manager.bridge_address(), port)?;
+            let l = bounded::bind_to_device(&cfg.bridge, manager.bridge_address(), port)?;
             let api = session_api::SessionApi::new(manager.clone());
             let task = tokio::spawn(session_api::serve(l, api.clone(), async {
                 let _ = stopped.await;
@@ -77,7 +78,50 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let app = server::router(manager.clone());
+    // The coordinator's LLM proxy: on the bridge address for agents inside
+    // sessions, on the host for agents outside (docs/coordinator.md).
+    let upstreams = drums_coordinator::Upstreams::parse(&args.llm_upstreams)?;
+    let coordinator = drums_coordinator::Coordinator::new(manager.clone(), upstreams)
+        .context("the LLM proxy's upstream client")?;
+    let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
+    let mut proxies = Vec::new();
+    let mut listeners = Vec::new();
+    if let Some(port) = args.llm_proxy() {
+        let l = bounded::bind_to_device(&cfg.bridge, manager.bridge_address(), port)?;
+        listeners.push((l, drums_coordinator::Listener::Bridge, PROXY_BRIDGE_BOUNDS));
+    }
+    if let Some(at) = args.llm_proxy_local()? {
+        // Another drumsd (another state directory) may hold the address: this
+        // one still serves everything else, and says so.
+        match bind_local(at) {
+            Ok(l) => listeners.push((l, drums_coordinator::Listener::Local, PROXY_LOCAL_BOUNDS)),
+            Err(e) => warn!("llm proxy: not listening on {at}: {e:#}"),
+        }
+    }
+    for (l, which, bounds) in listeners {
+        let at = l.local_addr().ok();
+        let c = coordinator.clone();
+        let make = move |peer: std::net::SocketAddr| {
+            let c = c.clone();
+            hyper::service::service_fn(move |req| {
+                let c = c.clone();
+                async move { Ok::<_, std::convert::Infallible>(c.handle(req, peer, which).await) }
+            })
+        };
+        let mut stopped = proxy_stopped.clone();
+        proxies.push(tokio::spawn(bounded::serve(
+            l,
+            "llm proxy",
+            bounds,
+            make,
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            },
+        )));
+        info!(address = ?at, "llm proxy ready");
+    }
+
+    let app = server::router(manager.clone(), coordinator.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
     let m = manager.clone();
     let shutdown = async move {
@@ -102,6 +146,12 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         // Rollbacks already answered finish before the sessions go.
         api.drain().await;
     }
+    let _ = stop_proxy.send(true);
+    for p in proxies {
+        if let Ok(Err(e)) = p.await {
+            warn!("llm proxy: {e}");
+        }
+    }
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {
@@ -111,6 +161,37 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         k.restore();
     }
     served
+}
+
+/// The LLM proxy's bounds for sessions: an agent may run many model calls
+/// at once, and a model's answer takes as long as it takes.
+const PROXY_BRIDGE_BOUNDS: bounded::Bounds = bounded::Bounds {
+    per_address: 64,
+    header_timeout: std::time::Duration::from_secs(10),
+    lifetime: None,
+};
+
+/// For agents on the host, which are trusted as much as their user.
+const PROXY_LOCAL_BOUNDS: bounded::Bounds = bounded::Bounds {
+    per_address: 4096,
+    header_timeout: std::time::Duration::from_secs(10),
+    lifetime: None,
+};
+
+fn bind_local(at: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let socket = if at.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .context("llm proxy socket")?;
+    socket.set_reuseaddr(true).context("SO_REUSEADDR")?;
+    socket
+        .bind(at)
+        .with_context(|| format!("bind the llm proxy to {at}"))?;
+    socket
+        .listen(1024)
+        .with_context(|| format!("listen on {at}"))
 }
 
 fn check_socket(socket: &std::path::Path) -> anyhow::Result<()> {

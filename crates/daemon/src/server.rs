@@ -63,6 +63,11 @@ fn table() -> Vec<Route> {
         route(M::POST, "/v1/sessions/{session}/fork", fork),
         route(M::POST, "/v1/sessions/{session}/turn/begin", turn_begin),
         route(M::POST, "/v1/sessions/{session}/turn/end", turn_end),
+        route(
+            M::GET,
+            "/v1/sessions/{session}/coordinator",
+            coordinated_turns,
+        ),
         route(M::GET, "/v1/sessions/{session}/versions", versions),
         route(M::POST, "/v1/sessions/{session}/rollback", rollback),
         route(M::POST, "/v1/sessions/{session}/recover", recover),
@@ -94,7 +99,7 @@ pub fn routes() -> Vec<(String, String)> {
         .collect()
 }
 
-pub fn router(m: AppState) -> Router {
+pub fn router(m: AppState, coordinator: Arc<drums_coordinator::Coordinator>) -> Router {
     // Two rows on one path merge into one method router.
     table()
         .into_iter()
@@ -115,6 +120,7 @@ pub fn router(m: AppState) -> Router {
             )
         })
         .with_state(m)
+        .layer(axum::Extension(coordinator))
         .layer(axum::middleware::from_fn(uri_limit))
         .layer(axum::middleware::from_fn(crate::request_id::layer))
 }
@@ -306,6 +312,16 @@ async fn turn_end(
     OptionalJsonBody(req): OptionalJsonBody<drums_api::EndTurn>,
 ) -> Result<Json<drums_api::TurnEffects>> {
     Ok(Json(m.end_turn(&id, &req.unwrap_or_default()).await?))
+}
+
+/// What the coordinator's LLM proxy saw of a session's turns.
+async fn coordinated_turns(
+    axum::Extension(c): axum::Extension<Arc<drums_coordinator::Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<Json<drums_api::CoordinatedTurns>> {
+    Ok(Json(drums_api::CoordinatedTurns {
+        turns: c.turns(&id)?,
+    }))
 }
 
 async fn versions(

@@ -35,12 +35,11 @@
 //! keeps its address, and a removed session's address goes back to the pool
 //! only once its processes are gone.
 
-use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -48,7 +47,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use drums_api::{RollingBack, SelfRollback, SessionVersions};
 use drums_session::Manager;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
@@ -93,27 +92,6 @@ impl SessionApi {
     }
 }
 
-/// A listener on `addr:port`, bound to the device `bridge`, so that nothing
-/// but what arrives through the bridge is accepted.
-pub fn bind(bridge: &str, addr: Ipv4Addr, port: u16) -> anyhow::Result<TcpListener> {
-    let at = format!("{addr}:{port} on {bridge}");
-    let socket = TcpSocket::new_v4().context("session api socket")?;
-    // A restarted drumsd binds again at once, over connections of the
-    // previous one in TIME_WAIT.
-    socket
-        .set_reuseaddr(true)
-        .with_context(|| format!("SO_REUSEADDR for {at}"))?;
-    socket
-        .bind_device(Some(bridge.as_bytes()))
-        .with_context(|| format!("SO_BINDTODEVICE for {at}"))?;
-    socket
-        .bind(SocketAddr::from((addr, port)))
-        .with_context(|| format!("bind the session api to {at}"))?;
-    socket
-        .listen(128)
-        .with_context(|| format!("listen on {at}"))
-}
-
 pub fn router(api: Arc<SessionApi>) -> Router {
     let not_found = |uri: axum::http::Uri| async move {
         ApiError::new(
@@ -143,10 +121,8 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a connection lives, whatever it does.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
-/// Serve `router` on `listener` until `shutdown`, with each connection's
-/// source address for [`identify`], and within the bounds above (axum's own
-/// `serve` has none: a session could open connections until drumsd runs out
-/// of file descriptors, or keep each open forever sending nothing).
+/// Serve the session API on `listener` until `shutdown`, with each
+/// connection's source address for [`identify`], within the bounds above.
 pub async fn serve(
     listener: TcpListener,
     api: Arc<SessionApi>,
@@ -154,27 +130,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     use tower::ServiceExt as _;
     let router = router(api);
-    let open = Arc::new(Mutex::new(HashMap::new()));
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                // Out of file descriptors, or a connection reset before it
-                // was accepted: the listener itself is fine.
-                Err(e) => {
-                    warn!("session api: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Some(slot) = Slot::take(&open, peer.ip()) else {
-            continue; // dropped: closed at once
-        };
+    let bounds = crate::bounded::Bounds {
+        per_address: MAX_CONNECTIONS_PER_ADDRESS,
+        header_timeout: HEADER_TIMEOUT,
+        lifetime: Some(CONNECTION_LIFETIME),
+    };
+    let make = |peer: SocketAddr| {
         let service =
             router
                 .clone()
@@ -183,55 +144,12 @@ pub async fn serve(
                     req.extensions_mut().insert(ConnectInfo(peer));
                     req
                 });
-        connections.spawn(async move {
-            let _slot = slot;
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(
-                    hyper_util::rt::TokioIo::new(stream),
-                    hyper_util::service::TowerToHyperService::new(service),
-                );
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
-        });
-    }
-    // Requests under way end here; a self rollback already answered is a
-    // task of its own, which drumsd's shutdown waits for (SessionApi::drain).
-    connections.shutdown().await;
-    Ok(())
-}
-
-/// One of an address's connections, given back when dropped.
-struct Slot {
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    ip: IpAddr,
-}
-
-impl Slot {
-    fn take(open: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr) -> Option<Slot> {
-        let mut map = open.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_insert(0);
-        if *n >= MAX_CONNECTIONS_PER_ADDRESS {
-            return None;
-        }
-        *n += 1;
-        Some(Slot {
-            open: open.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut map = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
+        hyper_util::service::TowerToHyperService::new(service)
+    };
+    // Requests under way end at shutdown; a self rollback already answered
+    // is a task of its own, which drumsd's shutdown waits for
+    // (SessionApi::drain).
+    crate::bounded::serve(listener, "session api", bounds, make, shutdown).await
 }
 
 /// Names the caller by its source address alone (see the module's comment),

@@ -68,6 +68,9 @@ pub struct TestDaemon {
     pub client: Client,
     /// Flags added to every start of this daemon.
     pub extra_args: Vec<String>,
+    /// Where its LLM proxy listens for agents on the host (a port of its
+    /// own, since tests run daemons side by side).
+    pub proxy_local: std::net::SocketAddr,
 }
 
 impl TestDaemon {
@@ -91,6 +94,10 @@ impl TestDaemon {
             state,
             child: None,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            proxy_local: std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                20000 + (std::process::id() % 2000) as u16 * 16 + (k % 16) as u16,
+            )),
         };
         let subnet = format!("10.214.{}.0/24", tag % 250);
         let mut d = d;
@@ -121,6 +128,7 @@ impl TestDaemon {
                 &self.cgroup_parent,
             ])
             .args(["--store-gib", "4", "--enable-fault-injection"])
+            .args(["--llm-proxy-local", &self.proxy_local.to_string()])
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

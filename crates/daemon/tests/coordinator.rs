@@ -1,0 +1,516 @@
+//! The coordinator's LLM proxy, through drumsd: the official `openai` and
+//! `anthropic` Python SDKs (in the virtualenv scripts/setup.sh makes) talk
+//! through it to a mock upstream (tests/proxy/mock_llm.py), unchanged but
+//! for their base URL; each request from a session ends its turn and takes
+//! the turn's version; an answer's end is held exactly while that version is
+//! not durable; bad input gets a clear error or passes through as the
+//! upstream answered, and leaves the turns in order. As root, with real
+//! CRIU, btrfs and eBPF; every test ends by proving nothing is left.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TestDaemon;
+use drums_api::{CoordinatedTurn, CoordinatedTurns, CreateSession, SessionVersions};
+use hyper::Method;
+use serde_json::Value;
+
+/// The mock upstream, killed when dropped.
+struct Mock {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mock {
+    fn start() -> Mock {
+        let dir = tempfile::tempdir().unwrap();
+        let port_file = dir.path().join("port");
+        let child = Command::new("python3")
+            .arg(proxy_dir().join("mock_llm.py"))
+            .arg(&port_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Ok(p) = std::fs::read_to_string(&port_file) {
+                if let Ok(p) = p.trim().parse() {
+                    break p;
+                }
+            }
+            assert!(Instant::now() < deadline, "the mock upstream did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Mock {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn proxy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/proxy")
+}
+
+/// The SDKs' virtualenv, made by scripts/setup.sh.
+fn sdk_python() -> PathBuf {
+    let state = std::env::var("DRUMS_STATE_DIR").unwrap_or_else(|_| "/var/lib/drums".into());
+    let py = Path::new(&state).join("cache/llm-sdks/bin/python");
+    assert!(
+        py.exists(),
+        "{} missing: run scripts/setup.sh (it installs the openai and anthropic SDKs into a \
+         virtualenv). NOT SKIPPED",
+        py.display()
+    );
+    py
+}
+
+/// One SDK call (tests/proxy/sdk_client.py): what it returned.
+fn sdk(base: &str, kind: &str, model: &str, text: &str, headers: &[&str]) -> Value {
+    let o = Command::new(sdk_python())
+        .arg(proxy_dir().join("sdk_client.py"))
+        .args([base, kind, model, text])
+        .args(headers)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{kind} via {base}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// A drumsd whose proxy sends OpenAI requests to `mock` and Anthropic ones
+/// to `anthropic` (the mock too by default), with one session, "agent".
+async fn daemon(mock: &Mock, anthropic: Option<&str>) -> TestDaemon {
+    let openai = format!("openai={}", mock.url());
+    let anthropic = format!("anthropic={}", anthropic.map_or(mock.url(), str::to_owned));
+    let d = TestDaemon::start_with(&["--llm-upstream", &openai, "--llm-upstream", &anthropic]);
+    d.create(&CreateSession {
+        name: Some("agent".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    d
+}
+
+async fn records(d: &TestDaemon, s: &str) -> Vec<CoordinatedTurn> {
+    let t: CoordinatedTurns = d
+        .client
+        .json(
+            Method::GET,
+            &format!("/v1/sessions/{s}/coordinator"),
+            None::<&()>,
+        )
+        .await
+        .unwrap();
+    t.turns
+}
+
+/// The records once `n` are there (a record is written when its answer has
+/// been released, a moment after the client read it).
+async fn wait_records(d: &TestDaemon, s: &str, n: usize) -> Vec<CoordinatedTurn> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = records(d, s).await;
+        if r.len() >= n {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} records: {r:#?}",
+            r.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn touch(d: &TestDaemon, s: &str, name: &str) {
+    let (code, _, err) = d.sh(s, &format!("echo {name} > /root/{name}"));
+    assert_eq!(code, 0, "{err}");
+}
+
+/// A raw HTTP/1.1 exchange with `Connection: close`: status and body (not
+/// de-chunked).
+fn raw(
+    at: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut c = TcpStream::connect(at).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    c.write_all(head.as_bytes()).unwrap();
+    // A refused body may be closed on before it is all sent.
+    let _ = c.write_all(body);
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+const KINDS: [&str; 6] = [
+    "chat",
+    "chat-stream",
+    "responses",
+    "responses-stream",
+    "messages",
+    "messages-stream",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn() {
+    let mock = Mock::start();
+    let mut d = daemon(&mock, None).await;
+    let proxy = format!("http://{}", d.proxy_local);
+    let prefixed = format!("{proxy}/s/agent");
+
+    let mut n = 0;
+    for kind in KINDS {
+        let text = format!("hello {kind}");
+        let direct = sdk(&mock.url(), kind, "m", &text, &[]);
+        assert_eq!(direct["text"], format!("echo: {text}"), "{direct}");
+        // Both ways an outside agent names its session: a path prefix, a
+        // header. Each request is a turn boundary; the turn between two
+        // writes a file.
+        for (base, headers) in [
+            (prefixed.as_str(), vec![]),
+            (proxy.as_str(), vec!["x-drums-session=agent"]),
+        ] {
+            touch(&d, "agent", &format!("{kind}-{n}"));
+            let got = sdk(base, kind, "m", &text, &headers);
+            assert_eq!(got["text"], direct["text"], "{kind} via {base}");
+            n += 1;
+        }
+    }
+    // A path of neither API passes through, and is no turn.
+    let (status, body) = raw(d.proxy_local, "GET", "/s/agent/v1/models", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"mock\""), "{body}");
+
+    let r = wait_records(&d, "agent", n).await;
+    assert_eq!(r.len(), n, "{r:#?}");
+    assert_eq!(r[0].decision, "first", "{:#?}", r[0]);
+    for (i, t) in r.iter().enumerate() {
+        let kind = KINDS[i / 2];
+        assert_eq!(t.status, 200, "{t:#?}");
+        assert_eq!(t.stream, kind.ends_with("-stream"), "{t:#?}");
+        assert_eq!(
+            t.style,
+            if kind.starts_with("messages") {
+                "anthropic"
+            } else {
+                "openai"
+            }
+        );
+        assert!(t.response_bytes > 0 && t.request_bytes > 0, "{t:#?}");
+        if i > 0 {
+            // Consecutive turns, each of which wrote a file: a version each.
+            assert_eq!(t.turn, Some(i as u64), "{t:#?}");
+            assert!(["files", "full"].contains(&t.decision.as_str()), "{t:#?}");
+            assert!(t.version.is_some() && t.error.is_none(), "{t:#?}");
+        }
+    }
+    let v: SessionVersions = d
+        .client
+        .json(Method::GET, "/v1/sessions/agent/versions", None::<&()>)
+        .await
+        .unwrap();
+    // One version per ended turn, the newest kept by retention.
+    let kept = (n - 1).min(drums_session::versions::DEFAULT_KEEP);
+    assert_eq!(v.versions.len(), kept);
+    let newest: Vec<_> = r[n - kept..]
+        .iter()
+        .map(|t| t.version.clone().unwrap())
+        .collect();
+    let listed: Vec<_> = v.versions.iter().map(|v| v.id.clone()).collect();
+    assert_eq!(listed, newest);
+    assert!(v.versions.iter().all(|v| v.state == "done"));
+
+    // A rollback starts the session's turns again: the next request has no
+    // turn to end (recorded as the first), the one after ends a turn again.
+    let o = d.drums(&["rollback", "agent"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sdk(&prefixed, "chat", "m", "after the rollback", &[]);
+    touch(&d, "agent", "after");
+    sdk(&prefixed, "chat", "m", "and on", &[]);
+    let r = wait_records(&d, "agent", n + 2).await;
+    let (again, on) = (&r[n], &r[n + 1]);
+    assert_eq!(
+        (again.decision.as_str(), again.error.as_deref()),
+        ("first", None),
+        "{again:#?}"
+    );
+    assert!(
+        on.turn.is_some() && on.version.is_some() && on.error.is_none(),
+        "{on:#?}"
+    );
+
+    d.rm("agent").await.unwrap();
+    d.stop_and_check_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_held_exactly_while_its_version_is_not_durable() {
+    let mock = Mock::start();
+    let mut d = daemon(&mock, None).await;
+    let base = format!("http://{}/s/agent", d.proxy_local);
+    sdk(&base, "chat-stream", "m", "first", &[]);
+
+    // A slow version and a fast model: a process whose 400 MiB of memory the
+    // version must dump. The answer's end comes after the version is done:
+    // right after the SDK returned, the version is already durable.
+    let (code, _, err) = d.sh(
+        "agent",
+        "cd / && nohup python3 -c \"import time;b=bytearray(400<<20);b[::4096]=b'x'*(len(b)//4096);time.sleep(3600)\" >/dev/null 2>&1 & sleep 2",
+    );
+    assert_eq!(code, 0, "{err}");
+    let got = sdk(&base, "chat-stream", "m", "slow version", &[]);
+    let r = wait_records(&d, "agent", 2).await;
+    let slow = &r[1];
+    let version = slow.version.clone().unwrap_or_else(|| panic!("{slow:#?}"));
+    let v: SessionVersions = d
+        .client
+        .json(Method::GET, "/v1/sessions/agent/versions", None::<&()>)
+        .await
+        .unwrap();
+    let made = v.versions.iter().find(|x| x.id == version).unwrap();
+    assert_eq!(made.state, "done", "{made:#?}");
+    let process_ms = made.process.as_ref().map_or(0.0, |c| c.total_ms);
+    assert!(
+        slow.held_ms > 100.0 && process_ms > slow.held_ms * 0.5,
+        "held {} ms for a version of {} ms: {slow:#?}",
+        slow.held_ms,
+        process_ms
+    );
+    assert!(
+        got["took_s"].as_f64().unwrap() * 1e3 >= slow.held_ms,
+        "{got} {slow:#?}"
+    );
+
+    // A fast version and a slow model: nothing is held.
+    touch(&d, "agent", "quick");
+    sdk(&base, "chat-stream", "delay-1500", "slow model", &[]);
+    let r = wait_records(&d, "agent", 3).await;
+    let fast = &r[2];
+    assert_eq!(fast.decision, "files", "{fast:#?}");
+    assert!(fast.version.is_some(), "{fast:#?}");
+    assert_eq!(fast.held_ms, 0.0, "{fast:#?}");
+    assert!(fast.upstream_ms >= 1500.0, "{fast:#?}");
+
+    d.rm("agent").await.unwrap();
+    d.stop_and_check_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
+    let mock = Mock::start();
+    // Anthropic's upstream is down: nothing listens there.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let mut d = daemon(&mock, Some(&down)).await;
+    let at = d.proxy_local;
+    let chat = |model: &str| {
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+    };
+    let json = [("content-type", "application/json")];
+
+    // An unknown session, by prefix and by header: 404, nothing forwarded.
+    let (status, body) = raw(
+        at,
+        "POST",
+        "/s/ghost/v1/chat/completions",
+        &json,
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no session named \\\"ghost\\\""), "{body}");
+    let (status, _) = raw(
+        at,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-drums-session", "ghost"),
+        ],
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 404);
+    // Too large, declared or sent: 413, before anything is forwarded.
+    {
+        let mut c = TcpStream::connect(at).unwrap();
+        write!(
+            c,
+            "POST /s/agent/v1/chat/completions HTTP/1.1\r\nHost: p\r\nConnection: close\r\n\
+             content-length: {}\r\n\r\n",
+            drums_coordinator::MAX_REQUEST_BYTES + 1
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+        assert!(out.contains("too_large"), "{out}");
+    }
+    assert!(
+        records(&d, "agent").await.is_empty(),
+        "refused requests are no turns"
+    );
+
+    // The first turn request; then the upstream's own errors pass through
+    // exactly as it sent them, a malformed body included.
+    let (status, _) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/chat/completions",
+        &json,
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let (status, body) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/chat/completions",
+        &json,
+        chat("status-429").as_bytes(),
+    );
+    assert_eq!(status, 429);
+    assert_eq!(
+        body,
+        r#"{"type": "error", "error": {"message": "mock error", "type": "api_error"}}"#
+    );
+    let (status, body) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/chat/completions",
+        &json,
+        b"{not json",
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("bad json"), "{body}");
+    // The upstream down: 502, saying which upstream.
+    let (status, body) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("upstream_unavailable") && body.contains(&down[7..]),
+        "{body}"
+    );
+    // A client that goes away mid-stream.
+    {
+        let mut c = TcpStream::connect(at).unwrap();
+        let body =
+            r#"{"model":"delay-2000","stream":true,"messages":[{"role":"user","content":"bye"}]}"#;
+        write!(
+            c,
+            "POST /s/agent/v1/chat/completions HTTP/1.1\r\nHost: p\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 256];
+        let n = c.read(&mut first).unwrap();
+        assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    }
+    // Its turn finishes as soon as it is gone (the upstream's answer is
+    // dropped); then a good request: still a boundary, the next turn.
+    wait_records(&d, "agent", 5).await;
+    let (status, _) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/chat/completions",
+        &json,
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 200);
+
+    let r = wait_records(&d, "agent", 6).await;
+    let statuses: Vec<u16> = r.iter().map(|t| t.status).collect();
+    assert_eq!(statuses, [200, 429, 400, 502, 200, 200], "{r:#?}");
+    let turns: Vec<Option<u64>> = r.iter().map(|t| t.turn).collect();
+    assert_eq!(
+        turns,
+        [None, Some(1), Some(2), Some(3), Some(4), Some(5)],
+        "{r:#?}"
+    );
+    assert!(
+        r[3].error
+            .as_deref()
+            .is_some_and(|e| e.contains("did not answer")),
+        "{:#?}",
+        r[3]
+    );
+    assert!(r[4].client_gone, "{:#?}", r[4]);
+
+    // From inside the session: known by its address, with nothing to set;
+    // naming another session from there is refused.
+    let gw = d.subnet().replace(".0/24", ".1");
+    let call = |header: &str| {
+        format!(
+            "python3 -c \"import http.client,json;c=http.client.HTTPConnection('{gw}',{},timeout=20);\
+             c.request('POST','/v1/chat/completions',json.dumps({{'model':'m','messages':[{{'role':'user','content':'inside'}}]}}),\
+             {{'content-type':'application/json'{header}}});r=c.getresponse();print(r.status, r.read().decode())\"",
+            drums_api::LLM_PROXY_PORT
+        )
+    };
+    let (code, out, err) = d.sh("agent", &call(""));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("200 ") && out.contains("echo: inside"),
+        "{out}"
+    );
+    let (_, out, _) = d.sh("agent", &call(",'x-drums-session':'someone-else'"));
+    assert!(out.starts_with("403 "), "{out}");
+    let r = wait_records(&d, "agent", 7).await;
+    assert_eq!(r[6].turn, Some(6), "{:#?}", r[6]);
+    assert_eq!(r[6].session, "agent");
+
+    d.rm("agent").await.unwrap();
+    d.stop_and_check_leaks();
+}
