@@ -313,7 +313,10 @@ impl Coordinator {
             let boundary = self.turns.enter(&s.id);
             let ending = (boundary == Boundary::End).then(|| {
                 let (m, id) = (self.manager.clone(), s.id.clone());
+                let handover = self.turns.handover(&s.id);
                 tokio::spawn(async move {
+                    // After the begin of the turn this ends.
+                    let _h = handover.lock_owned().await;
                     m.end_turn(
                         &id,
                         &EndTurn {
@@ -518,10 +521,17 @@ impl Coordinator {
                 p.record.version = j.version;
             }
         }
-        // The next turn begins before the agent has the end of the answer,
-        // so whatever it sends next finds it open; it cannot act on the
-        // answer before it has it.
-        if self.turns.leave(&p.session.id) {
+        // The next turn begins as the agent gets the end of the answer: the
+        // handover is taken first, so a next request's end of the turn waits
+        // for this begin, and the agent does not.
+        let last = self.turns.leave(&p.session.id);
+        let handover = if last {
+            Some(self.turns.handover(&p.session.id).lock_owned().await)
+        } else {
+            None
+        };
+        release(rest).await;
+        if let Some(_h) = handover {
             match self.manager.turn_begin(&p.session.id) {
                 // Begun, or begun already (by hand, `drums turn begin`).
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
@@ -535,7 +545,6 @@ impl Coordinator {
                 }
             }
         }
-        release(rest).await;
         if let Some(v) = &p.record.version {
             p.record.version_bytes = self
                 .manager
@@ -545,8 +554,10 @@ impl Coordinator {
                 .map(|x| x.files.map_or(0, |c| c.bytes) + x.process.map_or(0, |c| c.bytes));
         }
         self.turns.record(&p.session.id, p.record);
-        let m = self.manager.clone();
-        self.turns.prune(|id| m.get(id).is_ok());
+        if self.turns.prune_due() {
+            let m = self.manager.clone();
+            self.turns.prune(|id| m.get(id).is_ok());
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! many of its requests are being answered, and the record of each request.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use drums_api::CoordinatedTurn;
 
@@ -32,7 +33,17 @@ struct State {
 pub struct Turns {
     state: Mutex<HashMap<String, State>>,
     records: Mutex<HashMap<String, VecDeque<CoordinatedTurn>>>,
+    /// Per session: held while its turn changes hands (the next one begins
+    /// after an answer's release; a request's end of the turn waits for
+    /// that), so the agent never waits for the inspector before it has its
+    /// answer, and no end overtakes the begin it ends.
+    handover: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Records since the last prune.
+    since_prune: AtomicUsize,
 }
+
+/// Prune every this many records.
+const PRUNE_EVERY: usize = 1024;
 
 impl Turns {
     /// A request of `session` arrives.
@@ -84,6 +95,21 @@ impl Turns {
             .remove(session);
     }
 
+    /// The session's handover lock.
+    pub fn handover(&self, session: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.handover
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(session.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Whether it is time to prune (every [`PRUNE_EVERY`] records).
+    pub fn prune_due(&self) -> bool {
+        self.since_prune.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == PRUNE_EVERY - 1
+    }
+
     pub fn record(&self, session_id: &str, t: CoordinatedTurn) {
         let mut map = self.records.lock().unwrap_or_else(|p| p.into_inner());
         let list = map.entry(session_id.to_owned()).or_default();
@@ -112,6 +138,10 @@ impl Turns {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|id, s| s.in_flight > 0 || alive(id));
+        self.handover
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, h| Arc::strong_count(h) > 1 || alive(id));
     }
 }
 
