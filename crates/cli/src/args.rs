@@ -340,6 +340,27 @@ pub enum BenchCommand {
     /// interleaved; their frozen time and bytes written; rollback to each;
     /// queue wait with 1, 4 and 16 sessions ending turns at once, promotion
     /// off and on. JSON keys are in `crates/cli/src/bench/engine.rs`.
+    /// The coordinator's LLM proxy: added latency per request (plain,
+    /// streamed, from a session) against its own mock, interleaved;
+    /// requests per second with 16 sessions; the exposed delay per turn.
+    /// JSON keys are in `crates/cli/src/bench/proxy.rs`.
+    Proxy {
+        /// Requests per arm for the added latency.
+        #[arg(short = 'n', default_value_t = 200)]
+        n: usize,
+        /// Turns per session for the exposed delay (16 sessions at once).
+        #[arg(long, default_value_t = 3)]
+        turns: usize,
+        /// The proxy, as agents on this host reach it.
+        #[arg(long, default_value = "127.0.0.1:7080")]
+        proxy: std::net::SocketAddr,
+        /// The bench's mock upstream listens on 127.0.0.1:PORT; drumsd must
+        /// have --llm-upstream openai=http://127.0.0.1:PORT.
+        #[arg(long, default_value_t = 7090)]
+        mock_port: u16,
+        #[arg(long)]
+        json: bool,
+    },
     Engine {
         /// Measured rounds (after one unmeasured round).
         #[arg(short = 'n', default_value_t = 20)]

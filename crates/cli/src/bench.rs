@@ -13,12 +13,14 @@ mod desktop;
 mod engine;
 mod freeze;
 mod inspect;
+mod proxy;
 mod respawn;
 
 pub use confinement::confinement;
 pub use engine::engine;
 pub use freeze::freeze;
 pub use inspect::inspect;
+pub use proxy::proxy;
 
 use crate::commands::enc;
 use crate::exit::{self, Failure};

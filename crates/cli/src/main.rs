@@ -79,6 +79,13 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             bench::confinement(&c, profile, *n, *json).await
         }
         Command::Bench(BenchCommand::Engine { n, json }) => bench::engine(&c, *n, *json).await,
+        Command::Bench(BenchCommand::Proxy {
+            n,
+            turns,
+            proxy,
+            mock_port,
+            json,
+        }) => bench::proxy(&c, *n, *turns, *proxy, *mock_port, *json).await,
         Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
     }
 }
