@@ -482,7 +482,7 @@ impl Coordinator {
         rest: Bytes,
     ) where
         F: FnOnce(Bytes) -> Fut,
-        Fut: std::future::Future<Output = ()>,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         p.record.client_gone = gone;
         if let Some(ending) = p.ending.take() {
@@ -530,7 +530,10 @@ impl Coordinator {
         } else {
             None
         };
-        release(rest).await;
+        // The answer's end goes on its own: a client slow to read it holds
+        // up nothing of its session's (the handover is held only for the
+        // begin).
+        let released = tokio::spawn(release(rest));
         if let Some(_h) = handover {
             match self.manager.turn_begin(&p.session.id) {
                 // Begun, or begun already (by hand, `drums turn begin`).
@@ -545,6 +548,7 @@ impl Coordinator {
                 }
             }
         }
+        let _ = released.await;
         if let Some(v) = &p.record.version {
             p.record.version_bytes = self
                 .manager
