@@ -522,19 +522,16 @@ impl Coordinator {
             }
         }
         // The next turn begins as the agent gets the end of the answer: the
-        // handover is taken first, so a next request's end of the turn waits
+        // handover is taken before this request stops counting, so the end
+        // of the turn by any request that then counts as a boundary waits
         // for this begin, and the agent does not.
+        let handover = self.turns.handover(&p.session.id).lock_owned().await;
         let last = self.turns.leave(&p.session.id);
-        let handover = if last {
-            Some(self.turns.handover(&p.session.id).lock_owned().await)
-        } else {
-            None
-        };
         // The answer's end goes on its own: a client slow to read it holds
         // up nothing of its session's (the handover is held only for the
         // begin).
         let released = tokio::spawn(release(rest));
-        if let Some(_h) = handover {
+        if last {
             match self.manager.turn_begin(&p.session.id) {
                 // Begun, or begun already (by hand, `drums turn begin`).
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
@@ -548,6 +545,7 @@ impl Coordinator {
                 }
             }
         }
+        drop(handover);
         let _ = released.await;
         if let Some(v) = &p.record.version {
             p.record.version_bytes = self
