@@ -575,6 +575,24 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     Ok(exit::OK)
 }
 
+/// One progress line on stderr, replacing the last (none with `--json`).
+fn progress(as_json: bool, m: impl std::fmt::Display) {
+    if !as_json {
+        eprint!("\r\x1b[K{m}");
+    }
+}
+
+/// Begin a turn of `s` by hand, as the benches that mark turns do.
+async fn turn_begin(c: &Client, s: &Session) -> Result<(), Failure> {
+    c.call(
+        Method::POST,
+        &format!("/v1/sessions/{}/turn/begin", enc(&s.id)),
+        None::<&()>,
+    )
+    .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,7 +70,7 @@ use futures::future::join_all;
 use hyper::Method;
 use serde_json::{json, Map, Value};
 
-use super::{create, percentile, remove, respawn, sh};
+use super::{create, percentile, progress, remove, respawn, sh, turn_begin};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -205,22 +205,6 @@ async fn remove_all(c: &Client, live: &mut Vec<Session>) -> Result<(), Failure> 
     first.map_or(Ok(()), Err)
 }
 
-fn progress(as_json: bool, m: String) {
-    if !as_json {
-        eprint!("\r\x1b[K{m}");
-    }
-}
-
-async fn begin(c: &Client, s: &Session) -> Result<(), Failure> {
-    c.call(
-        Method::POST,
-        &format!("/v1/sessions/{}/turn/begin", enc(&s.id)),
-        None::<&()>,
-    )
-    .await?;
-    Ok(())
-}
-
 async fn end(c: &Client, s: &Session, wait: bool) -> Result<TurnEffects, Failure> {
     Ok(c.json(
         Method::POST,
@@ -297,7 +281,7 @@ async fn turn(
     script: &str,
     want: Kind,
 ) -> Result<Result<Taken, String>, Failure> {
-    begin(c, s).await?;
+    turn_begin(c, s).await?;
     sh(c, s, script).await?;
     let t = Instant::now();
     let e = end(c, s, true).await?;
@@ -647,7 +631,7 @@ async fn batch(
     round: usize,
 ) -> Result<Vec<Queued>, Failure> {
     for s in sessions {
-        begin(c, s).await?;
+        turn_begin(c, s).await?;
         sh(c, s, &write(round)).await?;
     }
     let submitted = join_all(sessions.iter().enumerate().map(|(i, s)| async move {

@@ -14,7 +14,7 @@ use drums_api::{Client, Session, TurnClass, TurnEffects};
 use hyper::Method;
 use serde_json::json;
 
-use super::{create, percentile, remove, sh};
+use super::{create, percentile, remove, sh, turn_begin};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -57,16 +57,6 @@ print(time.perf_counter() - t)
 
 /// fork + exec of a tiny program, 300 times.
 const FORK_LOOP: &str = r#"s=$(date +%s%N); i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done; e=$(date +%s%N); echo "$(( (e - s) / 1000 ))e-6""#;
-
-async fn begin(c: &Client, s: &Session) -> Result<(), Failure> {
-    c.call(
-        Method::POST,
-        &format!("/v1/sessions/{}/turn/begin", enc(&s.id)),
-        None::<&()>,
-    )
-    .await?;
-    Ok(())
-}
 
 async fn end(c: &Client, s: &Session) -> Result<TurnEffects, Failure> {
     Ok(c.json(
@@ -234,7 +224,7 @@ async fn run(
         };
         for on in order {
             if on {
-                begin(c, s).await?;
+                turn_begin(c, s).await?;
             }
             file[on as usize].push(seconds(c, s, FILE_LOOP).await?);
             fork[on as usize].push(seconds(c, s, FORK_LOOP).await?);
@@ -256,7 +246,7 @@ async fn run(
     ];
     let (mut server, mut client) = (Vec::new(), Vec::new());
     for i in 0..(10 * n).max(50) {
-        begin(c, s).await?;
+        turn_begin(c, s).await?;
         sh(c, s, kinds[i % kinds.len()]).await?;
         let t = Instant::now();
         let e = end(c, s).await?;
@@ -312,7 +302,7 @@ async fn run_corpus(
         mismatches: Vec::new(),
     };
     for (i, (label, script)) in turns.iter().enumerate() {
-        begin(c, s).await?;
+        turn_begin(c, s).await?;
         sh(c, s, script).await?;
         let e = end(c, s).await?;
         k.matrix[index(*label)][index(e.class)] += 1;

@@ -91,11 +91,7 @@ async fn run(
     as_json: bool,
     live: &mut Vec<Session>,
 ) -> Result<Value, Failure> {
-    let progress = |m: &str| {
-        if !as_json {
-            eprint!("\r\x1b[K{m}");
-        }
-    };
+    let progress = |m: &str| super::progress(as_json, m);
     // The proxy must reach this mock.
     let mut probe = Conn::open(at).await?;
     let (_, marked) = probe.ask("/v1/chat/completions", None, false, 0).await?;
