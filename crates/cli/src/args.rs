@@ -335,11 +335,6 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The checkpoint engine's versions (docs/engine.md): files-only,
-    /// process-only and full versions of a headless and a desktop session,
-    /// interleaved; their frozen time and bytes written; rollback to each;
-    /// queue wait with 1, 4 and 16 sessions ending turns at once, promotion
-    /// off and on. JSON keys are in `crates/cli/src/bench/engine.rs`.
     /// The coordinator's LLM proxy: added latency per request (plain,
     /// streamed, from a session) against its own mock, interleaved;
     /// requests per second with 16 sessions; the exposed delay per turn.
@@ -361,6 +356,12 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The checkpoint engine's versions (docs/engine.md): files-only,
+    /// process-only and full versions of a headless and a desktop session,
+    /// interleaved; their frozen time and bytes written; rollback to each;
+    /// recovery, by `drums recover` and after `kill -9` of drumsd;
+    /// queue wait with 1, 4 and 16 sessions ending turns at once, promotion
+    /// off and on. JSON keys are in `crates/cli/src/bench/engine.rs`.
     Engine {
         /// Measured rounds (after one unmeasured round).
         #[arg(short = 'n', default_value_t = 20)]
