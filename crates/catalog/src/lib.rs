@@ -15,12 +15,14 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+mod journal;
 mod versions;
+pub use journal::{Command, Exchange};
 pub use versions::{VersionRecord, IN_FLIGHT};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -426,10 +428,19 @@ impl Catalog {
         Ok(())
     }
 
+    /// A session's row, with the coordinator's journal of it.
     pub fn delete_session(&self, id: &str) -> Result<()> {
-        self.conn()
-            .execute("DELETE FROM sessions WHERE id = ?1", params![id])
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(sql("delete session"))?;
+        tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])
             .map_err(sql("delete session"))?;
+        for statement in journal::DELETE_SESSION.split_terminator(';') {
+            if !statement.trim().is_empty() {
+                tx.execute(statement, params![id])
+                    .map_err(sql("delete session's journal"))?;
+            }
+        }
+        tx.commit().map_err(sql("delete session"))?;
         Ok(())
     }
 
@@ -599,6 +610,11 @@ fn migrate(conn: &Connection) -> Result<()> {
              COMMIT;",
         )
         .map_err(sql("migrate to schema 5"))?;
+    }
+    if version < 6 {
+        // The coordinator's journal (journal.rs): new tables only.
+        conn.execute_batch(journal::MIGRATE_6)
+            .map_err(sql("migrate to schema 6"))?;
     }
     Ok(())
 }

@@ -71,8 +71,15 @@ pub(crate) fn dump_request(o: &DumpOpts, images_dir_fd: RawFd) -> Criu_req {
     c.set_network_lock(lock_method(o.network_lock));
     // Established TCP connections make CRIU refuse to dump unless allowed;
     // the caller knows whether the session's connections are worth keeping.
+    // Those not kept are not refused either: CRIU skips their state and
+    // restores them closed (`tcp_close`), so a process that had one sees
+    // its peer gone, as after a network failure. An agent in a session is
+    // dumped mid-request to the coordinator's proxy, whose end of the
+    // connection is not in the version; its HTTP client retries.
     if o.tcp_established {
         c.set_tcp_established(true);
+    } else {
+        c.set_tcp_close(true);
     }
     // The v1 freezer stops the whole cgroup at once: faster than seizing every
     // task with ptrace, and no task can fork out of the tree meanwhile.
@@ -131,9 +138,13 @@ pub(crate) fn restore_request(
     // Must match the dump: restore removes the lock the dump took with the
     // same method.
     c.set_network_lock(lock_method(o.network_lock));
-    // Restoring established TCP connections must be allowed explicitly too.
+    // Restoring established TCP connections must be allowed explicitly too;
+    // and an image dumped with `tcp_close` is only restored with it (an
+    // older one without it restores the same with it).
     if o.tcp_established {
         c.set_tcp_established(true);
+    } else {
+        c.set_tcp_close(true);
     }
     // Restore side: key = name given at dump, val = host path to bind.
     c.ext_mnt = o
@@ -222,6 +233,7 @@ mod tests {
         assert_eq!(c.irmap_scan_paths, vec!["/usr/share/zoneinfo".to_string()]);
         assert_eq!(c.network_lock(), Criu_network_lock_method::SKIP);
         assert!(!c.has_tcp_established());
+        assert!(c.tcp_close());
         assert_eq!(c.freeze_cgroup(), "/sys/fs/cgroup/freezer/s1");
         assert_eq!(c.ext_mnt.len(), 1);
         assert_eq!(c.ext_mnt[0].key(), "/run/drums/bin");
@@ -253,7 +265,7 @@ mod tests {
         assert!(c.rst_sibling());
         assert!(c.has_manage_cgroups() && !c.manage_cgroups());
         assert!(c.file_locks());
-        assert!(c.tcp_established());
+        assert!(c.tcp_established() && !c.has_tcp_close());
         assert_eq!(c.empty_ns(), libc::CLONE_NEWNET as u32);
         assert_eq!(c.network_lock(), Criu_network_lock_method::NFTABLES);
         assert_eq!(c.ext_mnt[0].key(), "drums-bin");

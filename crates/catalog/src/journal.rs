@@ -1,0 +1,414 @@
+//! The coordinator's journal (docs/coordinator.md): what it must still know
+//! after drumsd or a session died.
+//!
+//! - `coordinated`: the sessions whose agent talks through the proxy, and
+//!   whether that agent lives in the session (its pid there), which decides
+//!   how such a session is recovered.
+//! - `llm_exchanges`: per session, the agent's conversation as the proxy
+//!   answered it, request by request (`seq` from 0): a hash of the request,
+//!   the answer's status, headers and body, and the version the request's
+//!   turn end became. A recovered agent is fast-forwarded from it. Branch 0
+//!   is the live log; when an agent diverges from it, the rest of the live
+//!   log moves to a new branch (1, 2, …) and the live one goes on from there.
+//! - `coordinated_turns`: the record of each request, as `drums turns` shows.
+//! - `commands`: the commands an agent outside a session ran in it through
+//!   drumsd, each with where in the conversation it ran, re-issued after a
+//!   recovery.
+//!
+//! Rows go with their session (`Catalog::delete_session`).
+
+use rusqlite::{params, OptionalExtension};
+
+use crate::{sql, Catalog, Result};
+
+/// One answered request of a session's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    pub seq: u64,
+    /// sha256 (hex) of the request's method, path and body.
+    pub request_sha: String,
+    pub status: u16,
+    /// The answer's headers that a replay gives back (content type and the
+    /// like), in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The version the request's turn end became, once durable.
+    pub version: Option<String>,
+}
+
+/// A command run in a session for an agent outside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub seq: u64,
+    /// Requests the agent had had answered when the command started: the
+    /// command belongs to the turn after that many boundaries.
+    pub position: u64,
+    /// The inspector's turn it ran in, if one was open.
+    pub turn: Option<u64>,
+    /// The exec request, as JSON.
+    pub request: String,
+    /// running | done | failed | reissued
+    pub state: String,
+    pub started_at_ms: i64,
+}
+
+pub(crate) const MIGRATE_6: &str = "BEGIN;
+     CREATE TABLE coordinated (
+         session_id TEXT PRIMARY KEY,
+         agent_pid INTEGER,
+         since_ms INTEGER NOT NULL
+     );
+     CREATE TABLE llm_exchanges (
+         session_id TEXT NOT NULL,
+         branch INTEGER NOT NULL,
+         seq INTEGER NOT NULL,
+         request_sha TEXT NOT NULL,
+         status INTEGER NOT NULL,
+         headers TEXT NOT NULL,
+         body BLOB NOT NULL,
+         version TEXT,
+         at_ms INTEGER NOT NULL,
+         PRIMARY KEY (session_id, branch, seq)
+     );
+     CREATE INDEX llm_exchanges_version ON llm_exchanges (session_id, version);
+     CREATE TABLE coordinated_turns (
+         session_id TEXT NOT NULL,
+         seq INTEGER NOT NULL,
+         record TEXT NOT NULL,
+         PRIMARY KEY (session_id, seq)
+     );
+     CREATE TABLE commands (
+         session_id TEXT NOT NULL,
+         seq INTEGER NOT NULL,
+         position INTEGER NOT NULL,
+         turn INTEGER,
+         request TEXT NOT NULL,
+         state TEXT NOT NULL,
+         started_at_ms INTEGER NOT NULL,
+         ended_at_ms INTEGER,
+         PRIMARY KEY (session_id, seq)
+     );
+     PRAGMA user_version = 6;
+     COMMIT;";
+
+/// Removes a session's journal (inside `delete_session`'s transaction).
+pub(crate) const DELETE_SESSION: &str = "DELETE FROM coordinated WHERE session_id = ?1;
+     DELETE FROM llm_exchanges WHERE session_id = ?1;
+     DELETE FROM coordinated_turns WHERE session_id = ?1;
+     DELETE FROM commands WHERE session_id = ?1;";
+
+impl Catalog {
+    /// Session `id`'s agent talks through the proxy; `agent_pid`, once known,
+    /// is its pid inside the session.
+    pub fn coordinate(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        self.conn()
+            .execute(
+                "INSERT INTO coordinated (session_id, agent_pid, since_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (session_id) DO UPDATE SET agent_pid = COALESCE(?2, agent_pid)",
+                params![id, agent_pid, crate::now_ms()],
+            )
+            .map_err(sql("record a coordinated session"))?;
+        Ok(())
+    }
+
+    /// Every coordinated session, with its agent's pid inside it if it has one.
+    pub fn coordinated(&self) -> Result<Vec<(String, Option<i32>)>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare("SELECT session_id, agent_pid FROM coordinated ORDER BY since_ms")
+            .map_err(sql("list coordinated sessions"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(sql("list coordinated sessions"))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql("list coordinated sessions"))?;
+        Ok(rows)
+    }
+
+    /// The pid inside session `id` of the agent living there, if one does.
+    pub fn agent_of(&self, id: &str) -> Result<Option<i32>> {
+        self.conn()
+            .query_row(
+                "SELECT agent_pid FROM coordinated WHERE session_id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(Option::flatten)
+            .map_err(sql("read a session's agent"))
+    }
+
+    /// Log an answered request at its place in the live log (replacing what
+    /// a replay of it finds there).
+    pub fn log_exchange(&self, id: &str, x: &Exchange) -> Result<()> {
+        let headers = serde_json::to_string(&x.headers).expect("strings serialize");
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO llm_exchanges
+                 (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
+                 VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    id,
+                    x.seq as i64,
+                    x.request_sha,
+                    x.status,
+                    headers,
+                    x.body,
+                    x.version,
+                    crate::now_ms()
+                ],
+            )
+            .map_err(sql("log an exchange"))?;
+        Ok(())
+    }
+
+    /// The live log's entry `seq` of session `id`.
+    pub fn exchange(&self, id: &str, seq: u64) -> Result<Option<Exchange>> {
+        let row = self
+            .conn()
+            .query_row(
+                "SELECT seq, request_sha, status, headers, body, version FROM llm_exchanges
+                 WHERE session_id = ?1 AND branch = 0 AND seq = ?2",
+                params![id, seq as i64],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, u16>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Vec<u8>>(4)?,
+                        r.get::<_, Option<String>>(5)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(sql("read an exchange"))?;
+        Ok(row.map(|(seq, request_sha, status, headers, body, version)| Exchange {
+            seq: seq as u64,
+            request_sha,
+            status,
+            // Written by log_exchange; a row that does not parse replays
+            // with no headers rather than not at all.
+            headers: serde_json::from_str(&headers).unwrap_or_default(),
+            body,
+            version,
+        }))
+    }
+
+    /// The length of session `id`'s live log.
+    pub fn exchanges_len(&self, id: &str) -> Result<u64> {
+        self.conn()
+            .query_row(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM llm_exchanges
+                 WHERE session_id = ?1 AND branch = 0",
+                params![id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(sql("count exchanges"))
+    }
+
+    /// The place in the live log of the request whose turn end became
+    /// `version`.
+    pub fn exchange_of_version(&self, id: &str, version: &str) -> Result<Option<u64>> {
+        self.conn()
+            .query_row(
+                "SELECT seq FROM llm_exchanges
+                 WHERE session_id = ?1 AND branch = 0 AND version = ?2",
+                params![id, version],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|s| s.map(|s| s as u64))
+            .map_err(sql("find a version's exchange"))
+    }
+
+    /// The agent diverged at `seq`: the live log from there on becomes a
+    /// branch of its own (returned), and the live log goes on from `seq`.
+    pub fn fork_exchanges(&self, id: &str, seq: u64) -> Result<u64> {
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(sql("fork the exchange log"))?;
+        let branch: i64 = tx
+            .query_row(
+                "SELECT COALESCE(MAX(branch), 0) + 1 FROM llm_exchanges WHERE session_id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .map_err(sql("fork the exchange log"))?;
+        tx.execute(
+            "UPDATE llm_exchanges SET branch = ?3
+             WHERE session_id = ?1 AND branch = 0 AND seq >= ?2",
+            params![id, seq as i64, branch],
+        )
+        .map_err(sql("fork the exchange log"))?;
+        tx.commit().map_err(sql("fork the exchange log"))?;
+        Ok(branch as u64)
+    }
+
+    /// How many branches the log of session `id` has forked off.
+    pub fn exchange_forks(&self, id: &str) -> Result<u64> {
+        self.conn()
+            .query_row(
+                "SELECT COALESCE(MAX(branch), 0) FROM llm_exchanges WHERE session_id = ?1",
+                params![id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(sql("count forks"))
+    }
+
+    /// Keep the record of a coordinated request (JSON).
+    pub fn log_turn_record(&self, id: &str, record: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "INSERT INTO coordinated_turns (session_id, seq, record)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM coordinated_turns
+                              WHERE session_id = ?1), ?2)",
+                params![id, record],
+            )
+            .map_err(sql("log a turn record"))?;
+        Ok(())
+    }
+
+    /// The last `limit` records of session `id`'s requests, oldest first.
+    pub fn turn_records(&self, id: &str, limit: u64) -> Result<Vec<String>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(
+                "SELECT record FROM (SELECT seq, record FROM coordinated_turns
+                 WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+            )
+            .map_err(sql("read turn records"))?;
+        let rows = st
+            .query_map(params![id, limit as i64], |r| r.get(0))
+            .map_err(sql("read turn records"))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(sql("read turn records"))?;
+        Ok(rows)
+    }
+
+    /// A command starts: logged before it runs. Returns its number.
+    pub fn begin_command(
+        &self,
+        id: &str,
+        position: u64,
+        turn: Option<u64>,
+        request: &str,
+    ) -> Result<u64> {
+        let c = self.conn();
+        c.query_row(
+            "INSERT INTO commands (session_id, seq, position, turn, request, state, started_at_ms)
+             VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM commands WHERE session_id = ?1),
+                     ?2, ?3, ?4, 'running', ?5)
+             RETURNING seq",
+            params![id, position as i64, turn.map(|t| t as i64), request, crate::now_ms()],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|s| s as u64)
+        .map_err(sql("log a command"))
+    }
+
+    /// A command ended (`done`, `failed`), or was re-issued after a
+    /// recovery (`reissued`).
+    pub fn end_command(&self, id: &str, seq: u64, state: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE commands SET state = ?3, ended_at_ms = ?4 WHERE session_id = ?1 AND seq = ?2",
+                params![id, seq as i64, state, crate::now_ms()],
+            )
+            .map_err(sql("end a command"))?;
+        Ok(())
+    }
+
+    /// Session `id`'s commands, oldest first.
+    pub fn commands(&self, id: &str) -> Result<Vec<Command>> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(
+                "SELECT seq, position, turn, request, state, started_at_ms FROM commands
+                 WHERE session_id = ?1 ORDER BY seq",
+            )
+            .map_err(sql("read commands"))?;
+        let rows = st
+            .query_map(params![id], |r| {
+                Ok(Command {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    position: r.get::<_, i64>(1)? as u64,
+                    turn: r.get::<_, Option<i64>>(2)?.map(|t| t as u64),
+                    request: r.get(3)?,
+                    state: r.get(4)?,
+                    started_at_ms: r.get(5)?,
+                })
+            })
+            .map_err(sql("read commands"))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql("read commands"))?;
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn x(seq: u64, sha: &str, version: Option<&str>) -> Exchange {
+        Exchange {
+            seq,
+            request_sha: sha.into(),
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: format!("answer {seq}").into_bytes(),
+            version: version.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_exchange_log_forks_where_the_agent_diverged() {
+        let c = Catalog::in_memory().unwrap();
+        for i in 0..4 {
+            c.log_exchange("s", &x(i, &format!("h{i}"), Some(&format!("v{i}"))))
+                .unwrap();
+        }
+        assert_eq!(c.exchanges_len("s").unwrap(), 4);
+        assert_eq!(c.exchange_of_version("s", "v2").unwrap(), Some(2));
+        assert_eq!(c.exchange("s", 1).unwrap().unwrap(), x(1, "h1", Some("v1")));
+        assert_eq!(c.fork_exchanges("s", 2).unwrap(), 1);
+        assert_eq!(c.exchanges_len("s").unwrap(), 2);
+        assert_eq!(c.exchange("s", 2).unwrap(), None);
+        assert_eq!(c.exchange_of_version("s", "v3").unwrap(), None);
+        c.log_exchange("s", &x(2, "other", None)).unwrap();
+        assert_eq!(c.exchanges_len("s").unwrap(), 3);
+        assert_eq!(c.fork_exchanges("s", 2).unwrap(), 2);
+        assert_eq!(c.exchange_forks("s").unwrap(), 2);
+        // Another session's log is its own, and a session's goes with it.
+        assert_eq!(c.exchanges_len("t").unwrap(), 0);
+        c.delete_session("s").unwrap();
+        assert_eq!(c.exchange_forks("s").unwrap(), 0);
+    }
+
+    #[test]
+    fn commands_and_records_are_kept_in_order() {
+        let c = Catalog::in_memory().unwrap();
+        assert_eq!(c.begin_command("s", 0, None, "{}").unwrap(), 0);
+        assert_eq!(c.begin_command("s", 1, Some(1), "{\"a\":1}").unwrap(), 1);
+        c.end_command("s", 0, "done").unwrap();
+        let all = c.commands("s").unwrap();
+        assert_eq!(
+            all.iter().map(|c| (c.seq, c.position, c.state.as_str())).collect::<Vec<_>>(),
+            vec![(0, 0, "done"), (1, 1, "running")]
+        );
+        for i in 0..5 {
+            c.log_turn_record("s", &i.to_string()).unwrap();
+        }
+        assert_eq!(c.turn_records("s", 2).unwrap(), vec!["3", "4"]);
+        c.coordinate("s", None).unwrap();
+        assert_eq!(c.agent_of("s").unwrap(), None);
+        c.coordinate("s", Some(7)).unwrap();
+        c.coordinate("s", None).unwrap();
+        assert_eq!(c.agent_of("s").unwrap(), Some(7));
+        assert_eq!(c.coordinated().unwrap(), vec![("s".to_owned(), Some(7))]);
+        c.delete_session("s").unwrap();
+        assert!(c.commands("s").unwrap().is_empty());
+        assert!(c.coordinated().unwrap().is_empty());
+    }
+}
