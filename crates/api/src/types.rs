@@ -630,6 +630,12 @@ pub struct CoordinatedTurn {
     /// request, and for one sent while another of the session's was still
     /// answered (not a boundary).
     pub turn: Option<u64>,
+    /// The request's place in the session's exchange log.
+    pub seq: Option<u64>,
+    /// `live` (asked upstream, logged), `replayed` (answered from the log:
+    /// a fast-forward), `forked` (differed from the log, which forked
+    /// there; asked upstream), `none` (not logged).
+    pub log: String,
     /// `openai` or `anthropic`.
     pub style: String,
     pub path: String,

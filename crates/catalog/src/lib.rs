@@ -224,6 +224,22 @@ impl Catalog {
         })
     }
 
+    /// A second connection for the coordinator's journal (journal.rs), with
+    /// `synchronous=NORMAL`: in WAL mode its commits survive drumsd being
+    /// killed, not a power cut, and cost no fsync each. Losing the newest of
+    /// the journal in a power cut loses no state: versions are fsynced, and a
+    /// fast-forward that finds less of the log asks upstream again.
+    pub fn open_for_journal(path: &Path) -> Result<Catalog> {
+        let c = Catalog::open(path)?;
+        c.conn()
+            .pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|source| CatalogError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(c)
+    }
+
     pub fn in_memory() -> Result<Catalog> {
         let conn = Connection::open_in_memory().map_err(sql("open in-memory"))?;
         migrate(&conn)?;

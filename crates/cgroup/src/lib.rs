@@ -503,6 +503,24 @@ impl Cgroup {
         std::fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
+    /// How many processes the OOM killer killed in the cgroup since it was
+    /// made (`oom_kill` of v1 `memory.oom_control`, or of v2
+    /// `memory.events`), if a memory controller is available.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let file = self.dirs.iter().find_map(|(kind, dir)| match kind {
+            Kind::Memory => Some(dir.join("memory.oom_control")),
+            Kind::V2 => Some(dir.join("memory.events")),
+            _ => None,
+        })?;
+        std::fs::read_to_string(file)
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// A directory to name in errors.
     fn describe(&self) -> PathBuf {
         self.dirs

@@ -70,6 +70,17 @@ pub async fn inspect(c: &Client, session: &str, json: bool) -> Result<i32, Failu
         buf.extend_from_slice(&data);
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=nl).collect();
+            #[derive(serde::Deserialize)]
+            struct Coordinated {
+                coordinated: drums_api::CoordinatedTurn,
+            }
+            if let Ok(c) = serde_json::from_slice::<Coordinated>(&line) {
+                match json {
+                    true => print!("{}", String::from_utf8_lossy(&line)),
+                    false => println!("{}", crate::versions::one_line(&c.coordinated)),
+                }
+                continue;
+            }
             match serde_json::from_slice::<TurnEffects>(&line) {
                 Ok(e) => print_effects(&e, json),
                 // {"lagged":N}: this reader fell behind and missed N turns.

@@ -123,6 +123,8 @@ pub async fn turns(c: &Client, session: &str, json: bool) -> Result<i32, Failure
         .map(|t| {
             vec![
                 t.turn.map_or_else(dash, |n| n.to_string()),
+                t.seq.map_or_else(dash, |n| n.to_string()),
+                t.log.clone(),
                 format!("{} {}", t.style, t.path),
                 t.status.to_string(),
                 t.decision.clone(),
@@ -138,11 +140,35 @@ pub async fn turns(c: &Client, session: &str, json: bool) -> Result<i32, Failure
         "{}",
         table::render(
             &[
-                "TURN", "REQUEST", "STATUS", "DECISION", "VERSION", "BYTES", "UPSTREAM", "HELD",
+                "TURN", "SEQ", "LOG", "REQUEST", "STATUS", "DECISION", "VERSION", "BYTES", "UPSTREAM", "HELD",
                 "ERROR"
             ],
             &rows
         )
     );
     Ok(exit::OK)
+}
+
+/// One record on one line, for `drums inspect`'s live stream.
+pub fn one_line(t: &drums_api::CoordinatedTurn) -> String {
+    format!(
+        "request {} {} {}: {} ({}), turn {}, {}{}, upstream {:.1} ms, held {:.1} ms{}",
+        t.seq.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+        t.style,
+        t.path,
+        t.status,
+        t.log,
+        t.turn.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+        t.decision,
+        t.version
+            .as_deref()
+            .map(|v| format!(" -> {v}"))
+            .unwrap_or_default(),
+        t.upstream_ms,
+        t.held_ms,
+        t.error
+            .as_deref()
+            .map(|e| format!(", error: {e}"))
+            .unwrap_or_default()
+    )
 }

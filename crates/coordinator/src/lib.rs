@@ -15,9 +15,12 @@
 //! through the bridge (an agent inside a session), or by a `/s/SESSION`
 //! path prefix or an `x-drums-session` header (an agent outside).
 
+mod agent;
+mod replay;
 mod sse;
 mod turns;
 pub mod upstream;
+mod watch;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use drums_api::{CoordinatedTurn, EndTurn, Session};
+use drums_catalog::{Catalog, Exchange};
 use drums_inspect::InspectError;
 use drums_session::{Manager, SessionError};
 use http_body_util::combinators::BoxBody;
@@ -33,7 +37,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 pub use turns::Boundary;
 pub use upstream::{Style, Upstreams};
@@ -44,6 +48,13 @@ pub type ProxyBody = BoxBody<Bytes, std::io::Error>;
 /// The largest request body the proxy takes (a model's context with images
 /// fits; more is refused with 413).
 pub const MAX_REQUEST_BYTES: usize = 32 << 20;
+
+/// The largest answer the exchange log keeps; a larger one is passed on but
+/// not logged (a fast-forward asks upstream for it again).
+pub const MAX_LOGGED_BYTES: usize = 64 << 20;
+
+/// Records `GET /v1/sessions/{session}/coordinator` shows (the newest).
+const RECORDS_SHOWN: u64 = 1000;
 
 /// The header naming an outside agent's session.
 pub const SESSION_HEADER: &str = "x-drums-session";
@@ -78,6 +89,7 @@ pub struct Coordinator {
     upstreams: Upstreams,
     client: upstream::HttpsClient,
     turns: turns::Turns,
+    log: replay::Log,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +160,16 @@ fn now_ms() -> i64 {
 /// What the pump needs to finish a turn request.
 struct Pending {
     session: Session,
+    /// How the request met the session's exchange log, and its hash.
+    met: Option<replay::Met>,
+    sha: String,
+    /// The agent living in the session being looked for (its first request).
+    seeking: Option<tokio::task::JoinHandle<()>>,
+    /// The answer as it went out, to log: status, headers, body (`None` once
+    /// over [`MAX_LOGGED_BYTES`], or not a 2xx).
+    answer: Option<(u16, Vec<(String, String)>, Vec<u8>)>,
+    /// The upstream broke off.
+    broken: bool,
     /// The turn's end: its effects, or none if no turn was open after all
     /// (the session was rolled back or recovered since, which starts its
     /// turns again).
@@ -157,28 +179,46 @@ struct Pending {
 }
 
 impl Coordinator {
-    pub fn new(manager: Arc<Manager>, upstreams: Upstreams) -> std::io::Result<Arc<Coordinator>> {
+    /// `catalog` is the coordinator's own connection to drumsd's catalog,
+    /// for its journal.
+    pub fn new(
+        manager: Arc<Manager>,
+        upstreams: Upstreams,
+        catalog: Arc<Catalog>,
+    ) -> std::io::Result<Arc<Coordinator>> {
         Ok(Arc::new(Coordinator {
             manager,
             upstreams,
             client: upstream::client()?,
             turns: turns::Turns::default(),
+            log: replay::Log::new(catalog),
         }))
     }
 
-    /// `GET /v1/sessions/{session}/coordinator`: what the proxy saw of a session.
+    /// `GET /v1/sessions/{session}/coordinator`: what the proxy saw of a
+    /// session, durably (the newest 1000 requests).
     pub fn turns(
         &self,
         id_or_name: &str,
     ) -> Result<Vec<CoordinatedTurn>, drums_session::SessionError> {
         let s = self.manager.get(id_or_name)?;
-        Ok(self.turns.records(&s.id))
+        let rows = self
+            .log
+            .catalog()
+            .turn_records(&s.id, RECORDS_SHOWN)
+            .map_err(drums_session::SessionError::from)?;
+        // Written by this module from the same type: a row that does not
+        // parse (a newer drums' field) is left out rather than fail all.
+        Ok(rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect())
     }
 
-    /// A session was rolled back, recovered or removed: its turns start
-    /// again from its next request.
-    pub fn forget(&self, session_id: &str) {
-        self.turns.forget(session_id);
+    /// Watch the coordinated sessions and recover the ones that fail
+    /// (watch.rs), until drumsd stops.
+    pub fn spawn_watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(watch::run(Arc::downgrade(self)))
     }
 
     /// Answer one request.
@@ -307,87 +347,83 @@ impl Coordinator {
         }
         let request_bytes = body.len() as u64;
         let stream = turn.is_some() && asks_stream(&body);
+        let sha = replay::request_sha(parts.method.as_str(), &path, &body);
         let up = up.body(Full::new(body)).expect("a valid request");
 
-        let pending = turn.map(|s| {
-            let boundary = self.turns.enter(&s.id);
-            let ending = (boundary == Boundary::End).then(|| {
-                let (m, id) = (self.manager.clone(), s.id.clone());
-                let handover = self.turns.handover(&s.id);
-                tokio::spawn(async move {
-                    // After the begin of the turn this ends.
-                    let _h = handover.lock_owned().await;
-                    m.end_turn(
-                        &id,
-                        &EndTurn {
-                            checkpoint: true,
-                            policy: None,
-                            wait: false,
-                        },
-                    )
-                    .await
-                    .map(Some)
-                    .or_else(|e| match e {
-                        SessionError::Inspect(InspectError::NoTurn(_)) => Ok(None),
-                        e => Err(drums_session::error_chain(&e)),
-                    })
-                })
-            });
-            Pending {
-                record: CoordinatedTurn {
-                    session: s.name.clone(),
-                    turn: None,
-                    style: style.as_str().into(),
-                    path: path.clone(),
-                    status: 0,
-                    stream,
-                    decision: match boundary {
-                        Boundary::End => "none",
-                        Boundary::First => "first",
-                        Boundary::Concurrent => "concurrent",
-                    }
-                    .into(),
-                    job: None,
-                    version: None,
-                    version_bytes: None,
-                    upstream_ms: 0.0,
-                    held_ms: 0.0,
-                    request_bytes,
-                    response_bytes: 0,
-                    client_gone: false,
-                    error: None,
-                    started_at_ms,
-                },
-                session: s,
-                ending,
+        let mut pending = turn.map(|s| {
+            self.begin(s, Begin {
+                peer,
+                listener,
+                style,
+                path: path.clone(),
+                stream,
+                request_bytes,
+                sha,
                 started,
-            }
+                started_at_ms,
+            })
         });
 
-        let resp = match self.client.request(up).await {
-            Ok(r) => r,
-            Err(e) => {
-                let err = ProxyError::Upstream {
-                    upstream: base.authority().to_string(),
-                    why: drums_session::error_chain(&e),
-                };
-                if let Some(mut p) = pending {
-                    p.record.status = err.status().as_u16();
-                    p.record.error = Some(err.to_string());
-                    // The turn still ended: finish it as any answer, before
-                    // the agent can send its next request.
-                    self.clone().finish(p, false, false).await;
+        // A fast-forward: the logged answer, without asking upstream.
+        let replayed = pending.as_mut().and_then(|p| match &mut p.met {
+            Some(replay::Met::Replayed { logged, .. }) => Some(std::mem::replace(
+                logged,
+                Exchange {
+                    seq: logged.seq,
+                    request_sha: String::new(),
+                    status: 0,
+                    headers: Vec::new(),
+                    body: Vec::new(),
+                    version: None,
+                },
+            )),
+            _ => None,
+        });
+        let (mut rparts, rbody) = match replayed {
+            Some(x) => {
+                let mut b = Response::builder().status(x.status);
+                for (n, v) in &x.headers {
+                    b = b.header(n.as_str(), v.as_str());
                 }
-                return Err(err);
+                b.body(full(Bytes::from(x.body)))
+                    .map_err(|e| ProxyError::Body(format!("a logged answer: {e}")))?
+                    .into_parts()
             }
+            None => match self.client.request(up).await {
+                Ok(r) => {
+                    let (parts, body) = r.into_parts();
+                    (parts, body.map_err(std::io::Error::other).boxed())
+                }
+                Err(e) => {
+                    let err = ProxyError::Upstream {
+                        upstream: base.authority().to_string(),
+                        why: drums_session::error_chain(&e),
+                    };
+                    if let Some(mut p) = pending {
+                        p.record.status = err.status().as_u16();
+                        p.record.error = Some(err.to_string());
+                        p.broken = true;
+                        // The turn still ended: finish it as any answer, before
+                        // the agent can send its next request.
+                        self.clone().finish(p, false, false).await;
+                    }
+                    return Err(err);
+                }
+            },
         };
-        let (mut rparts, rbody) = resp.into_parts();
         strip_hop_by_hop(&mut rparts.headers);
         let Some(mut p) = pending else {
-            let body = rbody.map_err(std::io::Error::other).boxed();
-            return Ok(Response::from_parts(rparts, body));
+            return Ok(Response::from_parts(rparts, rbody));
         };
         p.record.status = rparts.status.as_u16();
+        if rparts.status.is_success() && p.met.is_some() {
+            let headers = rparts
+                .headers
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect();
+            p.answer = Some((rparts.status.as_u16(), headers, Vec::new()));
+        }
         let sse = rparts
             .headers
             .get(header::CONTENT_TYPE)
@@ -402,12 +438,141 @@ impl Coordinator {
         Ok(Response::from_parts(rparts, BodyExt::boxed(body)))
     }
 
-    /// Pass the upstream's answer to the client, holding its end until the
-    /// turn's version is durable (when `gate`), then finish the turn.
+    /// A model call of session `s` arrives: what it is for the session's
+    /// turns, its place in the exchange log, and (its first) the search for
+    /// the agent that sent it.
+    fn begin(self: &Arc<Self>, s: Session, b: Begin) -> Pending {
+        // Taken back to a version since its last request: its turns start
+        // again, and an agent living in it is fast-forwarded from there.
+        if let Some(v) = self.manager.take_restored(&s.id) {
+            self.turns.forget(&s.id);
+            let lives_in = self.log.catalog().agent_of(&s.id).ok().flatten().is_some();
+            let at = match lives_in {
+                true => self.log.restored(&s.id, &v),
+                false => {
+                    self.log.forget(&s.id);
+                    Ok(None)
+                }
+            };
+            match at {
+                Ok(at) => debug!(session = %s.name, version = %v, fast_forward_from = ?at, "restored"),
+                Err(e) => warn!(session = %s.name, "the exchange log after a restore: {e}"),
+            }
+        }
+        let boundary = self.turns.enter(&s.id);
+        let ending = (boundary == Boundary::End).then(|| {
+            let (m, id) = (self.manager.clone(), s.id.clone());
+            let handover = self.turns.handover(&s.id);
+            tokio::spawn(async move {
+                // After the begin of the turn this ends.
+                let _h = handover.lock_owned().await;
+                m.end_turn(
+                    &id,
+                    &EndTurn {
+                        checkpoint: true,
+                        policy: None,
+                        wait: false,
+                    },
+                )
+                .await
+                .map(Some)
+                .or_else(|e| match e {
+                    SessionError::Inspect(InspectError::NoTurn(_)) => Ok(None),
+                    e => Err(drums_session::error_chain(&e)),
+                })
+            })
+        });
+        let met = match self.log.meet(&s.id, &b.sha) {
+            Ok(m) => {
+                if let replay::Met::Forked { seq, branch } = &m {
+                    info!(session = %s.name, seq, branch, "the agent diverged from its log: the rest of the log is branch {branch}");
+                }
+                Some(m)
+            }
+            Err(e) => {
+                warn!(session = %s.name, "the exchange log: {e}");
+                None
+            }
+        };
+        let seeking = (b.listener == Listener::Bridge && self.turns.seek_agent(&s.id))
+            .then(|| self.seek_agent(&s, b.peer));
+        Pending {
+            record: CoordinatedTurn {
+                session: s.name.clone(),
+                turn: None,
+                seq: met.as_ref().map(replay::Met::seq),
+                log: met.as_ref().map_or("none", replay::Met::as_str).into(),
+                style: b.style.as_str().into(),
+                path: b.path,
+                status: 0,
+                stream: b.stream,
+                decision: match boundary {
+                    Boundary::End => "none",
+                    Boundary::First => "first",
+                    Boundary::Concurrent => "concurrent",
+                }
+                .into(),
+                job: None,
+                version: None,
+                version_bytes: None,
+                upstream_ms: 0.0,
+                held_ms: 0.0,
+                request_bytes: b.request_bytes,
+                response_bytes: 0,
+                client_gone: false,
+                error: None,
+                started_at_ms: b.started_at_ms,
+            },
+            met,
+            sha: b.sha,
+            seeking,
+            answer: None,
+            broken: false,
+            session: s,
+            ending,
+            started: b.started,
+        }
+    }
+
+    /// Find the process of session `s` that holds the connection from
+    /// `peer`: the agent living in the session, excluded from its process
+    /// tracking from now on (agent.rs).
+    fn seek_agent(self: &Arc<Self>, s: &Session, peer: SocketAddr) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        let (id, name, init) = (s.id.clone(), s.name.clone(), s.init_pid);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = me.log.catalog().coordinate(&id, None) {
+                warn!(session = %name, "journal: {e}");
+            }
+            let (Some(init), Some(from)) = (init, agent::v4(peer)) else {
+                return;
+            };
+            let pids = drums_cgroup::Cgroup::open(&me.manager.config().cgroup_parent, &id)
+                .pids()
+                .unwrap_or_default();
+            let Some(found) = agent::holder(init, from, &pids) else {
+                // The host's own connection through the bridge, or one
+                // that closed already: no agent in the session.
+                debug!(session = %name, "no process of the session holds {peer}");
+                return;
+            };
+            match me.manager.mark_agent(&id, found.ns_pid) {
+                Ok(_) => info!(session = %name, pid = found.ns_pid, "the agent lives in the session: not tracked"),
+                Err(e) => warn!(session = %name, "mark the agent: {}", drums_session::error_chain(&e)),
+            }
+            if let Err(e) = me.log.catalog().coordinate(&id, Some(found.ns_pid)) {
+                warn!(session = %name, "journal: {e}");
+            }
+        })
+    }
+
+    /// Pass the answer (upstream's or the log's) to the client, holding its
+    /// end until the turn's version is durable (when `gate`), then finish
+    /// the turn.
     async fn pump(
         self: Arc<Self>,
         mut p: Pending,
-        mut body: Incoming,
+        mut body: ProxyBody,
         sse: bool,
         gate: bool,
         tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
@@ -435,7 +600,8 @@ impl Coordinator {
                         "upstream broke off: {}",
                         drums_session::error_chain(&e)
                     ));
-                    let _ = tx.send(Err(std::io::Error::other(e))).await;
+                    p.broken = true;
+                    let _ = tx.send(Err(e)).await;
                     gone = true;
                     break;
                 }
@@ -444,6 +610,13 @@ impl Coordinator {
                 continue;
             };
             p.record.response_bytes += data.len() as u64;
+            if let Some((_, _, kept)) = &mut p.answer {
+                if kept.len() + data.len() > MAX_LOGGED_BYTES {
+                    p.answer = None;
+                } else {
+                    kept.extend_from_slice(&data);
+                }
+            }
             let now = match &mut events {
                 Some(s) => s.push(&data),
                 None => last.replace(data).unwrap_or_default(),
@@ -472,7 +645,7 @@ impl Coordinator {
     }
 
     /// The turn's end: what it took; the hold, if the version is not durable
-    /// yet; the release; the next turn; the record.
+    /// yet; the exchange logged; the release; the next turn; the record.
     async fn finish_with<F, Fut>(
         self: Arc<Self>,
         mut p: Pending,
@@ -521,6 +694,12 @@ impl Coordinator {
                 p.record.version = j.version;
             }
         }
+        // The exchange is logged before the agent has its answer's end: an
+        // agent taken back to this turn's version finds it.
+        self.keep_exchange(&mut p, gone);
+        if let Some(seeking) = p.seeking.take() {
+            let _ = seeking.await;
+        }
         // The next turn begins as the agent gets the end of the answer: the
         // handover is taken before this request stops counting, so the end
         // of the turn by any request that then counts as a boundary waits
@@ -555,12 +734,60 @@ impl Coordinator {
                 .and_then(|all| all.into_iter().find(|x| &x.id == v))
                 .map(|x| x.files.map_or(0, |c| c.bytes) + x.process.map_or(0, |c| c.bytes));
         }
-        self.turns.record(&p.session.id, p.record);
+        let line = serde_json::to_string(&p.record).expect("API types serialize");
+        if let Err(e) = self.log.catalog().log_turn_record(&p.session.id, &line) {
+            warn!(session = %p.session.name, "journal: {e}");
+        }
+        self.manager.publish_coordinated(p.record);
         if self.turns.prune_due() {
             let m = self.manager.clone();
             self.turns.prune(|id| m.get(id).is_ok());
         }
     }
+
+    /// Log a model call answered in full; give its place back otherwise
+    /// (the agent asks again).
+    fn keep_exchange(&self, p: &mut Pending, gone: bool) {
+        let Some(met) = &p.met else {
+            return;
+        };
+        let seq = met.seq();
+        match p.answer.take() {
+            Some((status, headers, body)) if !gone && !p.broken => {
+                let x = Exchange {
+                    seq,
+                    request_sha: std::mem::take(&mut p.sha),
+                    status,
+                    headers,
+                    body,
+                    version: p.record.version.clone(),
+                };
+                if let Err(e) = self.log.keep(&p.session.id, &x) {
+                    warn!(session = %p.session.name, "log the exchange: {e}");
+                    self.log.give_back(&p.session.id, seq);
+                    p.record.log = "none".into();
+                }
+            }
+            _ => {
+                self.log.give_back(&p.session.id, seq);
+                p.record.log = "none".into();
+                p.record.seq = None;
+            }
+        }
+    }
+}
+
+/// What a model call brings to [`Coordinator::begin`].
+struct Begin {
+    peer: SocketAddr,
+    listener: Listener,
+    style: Style,
+    path: String,
+    stream: bool,
+    request_bytes: u64,
+    sha: String,
+    started: Instant,
+    started_at_ms: i64,
 }
 
 /// `"stream": true` in a JSON request body.

@@ -1,14 +1,11 @@
 //! The coordinator's view of each session's turns: whether one is open, how
-//! many of its requests are being answered, and the record of each request.
+//! many of its requests are being answered, and whether its agent was
+//! looked for.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use drums_api::CoordinatedTurn;
-
-/// Records kept per session (the oldest go first).
-const KEEP: usize = 1000;
 
 /// What a request from a session is for the session's turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,12 +24,13 @@ pub enum Boundary {
 struct State {
     open: bool,
     in_flight: usize,
+    /// The agent living in the session was looked for (from its connection).
+    agent_sought: bool,
 }
 
 #[derive(Default)]
 pub struct Turns {
     state: Mutex<HashMap<String, State>>,
-    records: Mutex<HashMap<String, VecDeque<CoordinatedTurn>>>,
     /// Per session: held while its turn changes hands (the next one begins
     /// after an answer's release; a request's end of the turn waits for
     /// that), so the agent never waits for the inspector before it has its
@@ -86,6 +84,14 @@ impl Turns {
         }
     }
 
+    /// Whether the session's agent is still to be looked for; it is not,
+    /// from now on.
+    pub fn seek_agent(&self, session: &str) -> bool {
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = map.entry(session.to_owned()).or_default();
+        !std::mem::replace(&mut s.agent_sought, true)
+    }
+
     /// Forget a session (it was removed, or rolled back: its turns start
     /// again).
     pub fn forget(&self, session: &str) {
@@ -110,30 +116,8 @@ impl Turns {
         self.since_prune.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == PRUNE_EVERY - 1
     }
 
-    pub fn record(&self, session_id: &str, t: CoordinatedTurn) {
-        let mut map = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        let list = map.entry(session_id.to_owned()).or_default();
-        if list.len() == KEEP {
-            list.pop_front();
-        }
-        list.push_back(t);
-    }
-
-    pub fn records(&self, session_id: &str) -> Vec<CoordinatedTurn> {
-        self.records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(session_id)
-            .map(|l| l.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
     /// Drop what is kept of sessions that `alive` says are gone.
     pub fn prune(&self, alive: impl Fn(&str) -> bool) {
-        self.records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|id, _| alive(id));
         self.state
             .lock()
             .unwrap_or_else(|p| p.into_inner())

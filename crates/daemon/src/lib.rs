@@ -81,8 +81,12 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // The coordinator's LLM proxy: on the bridge address for agents inside
     // sessions, on the host for agents outside (docs/coordinator.md).
     let upstreams = drums_coordinator::Upstreams::parse(&args.llm_upstreams)?;
-    let coordinator = drums_coordinator::Coordinator::new(manager.clone(), upstreams)
-        .context("the LLM proxy's upstream client")?;
+    let journal = drums_catalog::Catalog::open_for_journal(&cfg.state_dir.join("catalog.db"))
+        .context("the coordinator's journal")?;
+    let coordinator =
+        drums_coordinator::Coordinator::new(manager.clone(), upstreams, Arc::new(journal))
+            .context("the LLM proxy's upstream client")?;
+    let watch = coordinator.spawn_watch();
     let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
     let mut proxies = Vec::new();
     let mut listeners = Vec::new();
@@ -146,6 +150,8 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         // Rollbacks already answered finish before the sessions go.
         api.drain().await;
     }
+    // Before the sessions go: their processes dying is no failure to recover.
+    watch.abort();
     let _ = stop_proxy.send(true);
     for p in proxies {
         if let Ok(Err(e)) = p.await {

@@ -414,6 +414,13 @@ async fn turns(State(m): State<AppState>, Path(id): Path<String>) -> Result<Resp
                     line.push(b'\n');
                     return Some((Ok::<_, std::io::Error>(Bytes::from(line)), (rx, name)));
                 }
+                // The coordinator's records, as `{"coordinated": RECORD}`.
+                Ok(TurnNews::Coordinated(c)) if c.session == name => {
+                    let mut line = serde_json::to_vec(&serde_json::json!({ "coordinated": c }))
+                        .expect("API types serialize");
+                    line.push(b'\n');
+                    return Some((Ok(Bytes::from(line)), (rx, name)));
+                }
                 Ok(TurnNews::Gone(n)) if n == name => return None,
                 Ok(TurnNews::Closing) => return None,
                 Ok(_) => {}

@@ -514,3 +514,189 @@ async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
     d.rm("agent").await.unwrap();
     d.stop_and_check_leaks();
 }
+
+/// The sessions' gateway, where the proxy listens for agents inside them.
+fn gateway(subnet: &str) -> String {
+    let net = subnet.split('/').next().unwrap();
+    let (head, _) = net.rsplit_once('.').unwrap();
+    format!("{head}.1:7080")
+}
+
+/// Put the scripted agent (tests/proxy/agent_in_session.py) into session
+/// `s` and start it there, talking to the proxy at `proxy`.
+fn start_agent(d: &TestDaemon, s: &str, proxy: &str, turns: u32) {
+    let script = std::fs::read_to_string(proxy_dir().join("agent_in_session.py")).unwrap();
+    let (code, _, err) = d.sh(
+        s,
+        &format!("cat > /root/agent.py <<'PYEOF'\n{script}\nPYEOF\ncd / && nohup python3 /root/agent.py {proxy} {turns} > /root/agent.log 2>&1 &"),
+    );
+    assert_eq!(code, 0, "{err}");
+}
+
+/// The highest place in the exchange log answered in full so far.
+async fn logged_up_to(d: &TestDaemon, s: &str) -> Option<u64> {
+    records(d, s)
+        .await
+        .iter()
+        .filter(|t| t.status == 200 && t.log != "none")
+        .filter_map(|t| t.seq)
+        .max()
+}
+
+/// Wait until the log of `s` reaches `seq` (bounded; the agent's log on failure).
+async fn wait_logged(d: &TestDaemon, s: &str, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !matches!(logged_up_to(d, s).await, Some(m) if m >= seq) {
+        assert!(
+            Instant::now() < deadline,
+            "{s} never logged request {seq}: {:#?}\n{}",
+            records(d, s).await,
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The files the agent made (with their hashes) and the session's processes
+/// (their command lines: pids differ between runs), once it is done.
+async fn final_state(d: &TestDaemon, s: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, _, _) = d.sh(s, "test -e /root/work/done");
+        if code == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{s}: the agent never finished: {}", d.sh(s, "cat /root/agent.log").1);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, out, err) = d.sh(
+        s,
+        "cd /root/work && sha256sum $(ls | sort) && for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -v '^$' | sort",
+    );
+    assert_eq!(code, 0, "{err}");
+    // Without the listing's own processes (which of them run when /proc is
+    // read is a race).
+    out.lines()
+        .map(str::trim)
+        .filter(|l| {
+            !(*l == "sort" || l.starts_with("tr ") || l.starts_with("grep ") || l.contains("sha256sum"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Run a process in session `id`'s memory cgroup that asks for more than
+/// the session may have: the OOM killer kills in the session's cgroup.
+fn exhaust_memory(d: &TestDaemon, id: &str) {
+    let procs = format!("/sys/fs/cgroup/memory/{}/{id}/cgroup.procs", d.cgroup_parent);
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys\nopen(sys.argv[1],'w').write(str(os.getpid()))\nb=bytearray(1<<30)\nb[::4096]=b'x'*(len(b)//4096)",
+            &procs,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), None, "the OOM killer ended it: {o:?}");
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Every process of the session (its init, so its pid namespace).
+    Processes,
+    /// The session's memory runs out: the OOM killer kills in its cgroup.
+    Oom,
+    /// drumsd, then a new one on the same state.
+    Daemon,
+}
+
+/// An agent living in a session, 20 turns, five failures injected while it
+/// runs: its session's processes killed twice, its memory exhausted twice
+/// (the OOM killer), drumsd killed and restarted once. The coordinator recovers the session
+/// each time (from the newest version with the agent's own image) and
+/// fast-forwards the agent from its exchange log; the run ends with exactly
+/// the files and processes of the same run without failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_in_a_session_is_recovered_from_five_failures_and_ends_as_without_them() {
+    const TURNS: u32 = 20;
+    let mock = Mock::start();
+    let mut d = TestDaemon::start_with(&["--llm-upstream", &format!("openai={}", mock.url())]);
+    let subnet = d.subnet();
+    let proxy = gateway(&subnet);
+    for name in ["clean", "faulty"] {
+        d.create(&CreateSession {
+            name: Some(name.into()),
+            limits: drums_api::Limits {
+                memory_bytes: Some(256 << 20),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+
+    // The run without failures.
+    start_agent(&d, "clean", &proxy, TURNS);
+    wait_logged(&d, "clean", TURNS as u64).await;
+    let clean = final_state(&d, "clean").await;
+    assert!(clean.contains("sleep 100009") && !clean.contains("sleep 100004"), "{clean}");
+    let r = records(&d, "clean").await;
+    assert!(r.iter().all(|t| t.log == "live" && t.status == 200), "{r:#?}");
+    // The agent was found from its connection: its own changes are not a
+    // turn's, so turns that only wrote files took files versions.
+    assert!(d.log().contains("the agent lives in the session"), "{}", d.log());
+    assert!(r.iter().any(|t| t.decision == "files"), "{r:#?}");
+
+    // The same run, with failures.
+    let faulty: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/faulty", None::<&()>).await.unwrap();
+    start_agent(&d, "faulty", &proxy, TURNS);
+    let plan = [
+        (3, Fault::Processes),
+        (6, Fault::Oom),
+        (9, Fault::Daemon),
+        (13, Fault::Processes),
+        (16, Fault::Oom),
+    ];
+    for (at, fault) in plan {
+        wait_logged(&d, "faulty", at).await;
+        match fault {
+            Fault::Processes => {
+                let s: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/faulty", None::<&()>).await.unwrap();
+                let init = s.init_pid.unwrap();
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            Fault::Oom => exhaust_memory(&d, &faulty.id),
+            Fault::Daemon => {
+                d.kill9();
+                d.restart(&subnet);
+            }
+        }
+        // Recovered, and on past where it was.
+        wait_logged(&d, "faulty", at + 1).await;
+    }
+    wait_logged(&d, "faulty", TURNS as u64).await;
+    let after = final_state(&d, "faulty").await;
+    assert_eq!(after, clean, "the run with failures ended elsewhere");
+
+    let log = d.log();
+    assert_eq!(
+        log.matches("recovered by the coordinator").count(),
+        4,
+        "each killed session recovered once:\n{log}"
+    );
+    assert!(log.contains("adopting a live session"), "{log}");
+    let r = records(&d, "faulty").await;
+    // Fast-forwards answered from the log; no request differed from it; the
+    // model was asked again only for answers that had not been logged.
+    let replayed = r.iter().filter(|t| t.log == "replayed").count();
+    let upstream = r.iter().filter(|t| t.log == "live").count();
+    assert!(replayed >= 4, "{replayed} replayed: {r:#?}");
+    assert!(r.iter().all(|t| t.log != "forked"), "{r:#?}");
+    assert!(upstream <= TURNS as usize + 1 + plan.len(), "{upstream} asked upstream: {r:#?}");
+
+    for s in ["clean", "faulty"] {
+        d.rm(s).await.unwrap();
+    }
+    d.stop_and_check_leaks();
+}

@@ -10,6 +10,8 @@ use crate::{Manager, SessionError};
 #[derive(Debug, Clone)]
 pub enum TurnNews {
     Ended(Box<TurnEffects>),
+    /// The coordinator answered a model call of the session.
+    Coordinated(Box<drums_api::CoordinatedTurn>),
     /// The session was removed: its stream ends.
     Gone(String),
     /// The daemon is shutting down: every stream ends, so that the server's
@@ -79,6 +81,11 @@ impl Manager {
         let rec = self.record(id_or_name)?;
         self.inspector.unwatch(&rec.name);
         Ok(())
+    }
+
+    /// The coordinator's record of a request, to every `turns` stream.
+    pub fn publish_coordinated(&self, record: drums_api::CoordinatedTurn) {
+        let _ = self.turns.send(TurnNews::Coordinated(Box::new(record)));
     }
 
     pub fn subscribe_turns(&self) -> tokio::sync::broadcast::Receiver<TurnNews> {

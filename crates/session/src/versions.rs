@@ -138,6 +138,10 @@ pub(crate) struct Position {
     /// The version the session is at: its newest, or the one it rolled back to.
     pub at: Option<String>,
     pub needs_full: bool,
+    /// Rolled back or recovered to `at` since the coordinator last asked
+    /// ([`Manager::take_restored`]): its agent, if one lives in it, is back
+    /// at the request that version was taken in.
+    pub restored: bool,
 }
 
 /// One version to take: a turn's end, or a person's checkpoint.
@@ -617,12 +621,26 @@ impl Manager {
         &self,
         rec: &drums_catalog::SessionRecord,
     ) -> Result<Session, SessionError> {
+        // An agent living in the session is not tracked (the inspector's
+        // agent marking): a version that took only files pairs them with
+        // an older image of the agent, which would then redo its later
+        // turns on files that already have them. Such a session comes back
+        // from the newest version that dumped its processes itself, files
+        // and agent of one moment, and the coordinator fast-forwards the
+        // agent from there (docs/coordinator.md).
+        let agent = self.catalog.agent_of(&rec.id)?.is_some();
         let newest = self
             .catalog
             .session_versions(&rec.id)?
             .into_iter()
             .rev()
-            .find(|v| v.state == "done" && v.process_of.is_some())
+            .find(|v| {
+                v.state == "done"
+                    && match &v.process_of {
+                        Some(p) => !agent || p == &v.id,
+                        None => false,
+                    }
+            })
             .ok_or_else(|| {
                 SessionError::Conflict(format!(
                     "session {} has no done version with processes to recover from",
@@ -694,9 +712,27 @@ impl Manager {
         self.set_position(&rec.id, |p| {
             p.at = Some(target.id.clone());
             p.needs_full = false;
+            p.restored = true;
         });
         info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{}", what.done());
         Ok(session)
+    }
+
+    /// The version session `id` was rolled back or recovered to, once: the
+    /// coordinator asks at each of its agent's requests.
+    pub fn take_restored(&self, id: &str) -> Option<String> {
+        let mut all = self.positions.lock().unwrap_or_else(|p| p.into_inner());
+        let p = all.get_mut(id)?;
+        std::mem::take(&mut p.restored)
+            .then(|| p.at.clone())
+            .flatten()
+    }
+
+    /// Whether a running session's processes died (its init is gone): what
+    /// `drums recover` is for.
+    pub fn processes_died(&self, id_or_name: &str) -> Result<bool, SessionError> {
+        let rec = self.record(id_or_name)?;
+        Ok(rec.state == "running" && self.live_init(&rec).is_none())
     }
 
     /// `fork --at`: the id of a done version of the session.

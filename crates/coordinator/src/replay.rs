@@ -1,0 +1,216 @@
+//! Each session's exchange log, and the fast-forward of an agent that a
+//! rollback or a recovery took back (docs/coordinator.md).
+//!
+//! Every model call of a session that is answered in full (2xx) is logged
+//! durably at its place (`seq`) with the version its turn end became. When
+//! an agent living in the session comes back from a version, it is back in
+//! the request that version was taken in, and sends it again (the restored
+//! connection is closed; its HTTP client retries): from that request on,
+//! requests are answered from the log, in order, without asking upstream,
+//! until the log's end. A request that is not the logged one (by a hash of
+//! its method, path and body; headers differ between attempts) means the
+//! agent diverged: the rest of the log forks off, and the request goes
+//! upstream.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use drums_catalog::{Catalog, CatalogError, Exchange};
+use sha2::{Digest, Sha256};
+
+/// How a request met its session's log.
+#[derive(Debug)]
+pub enum Met {
+    /// Past the log's end: ask upstream, log at `seq`.
+    Live { seq: u64 },
+    /// The logged request: answer with the logged answer.
+    Replayed { seq: u64, logged: Exchange },
+    /// Not the logged request: the log from `seq` on moved to a branch of
+    /// its own; ask upstream, log at `seq`.
+    Forked { seq: u64, branch: u64 },
+}
+
+impl Met {
+    pub fn seq(&self) -> u64 {
+        match self {
+            Met::Live { seq } | Met::Replayed { seq, .. } | Met::Forked { seq, .. } => *seq,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Met::Live { .. } => "live",
+            Met::Replayed { .. } => "replayed",
+            Met::Forked { .. } => "forked",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    /// The next request's place.
+    next: u64,
+    /// Requests before this place are answered from the log.
+    replay_end: u64,
+}
+
+pub struct Log {
+    catalog: Arc<Catalog>,
+    cursors: Mutex<HashMap<String, Cursor>>,
+}
+
+/// The hash a request is matched by.
+pub fn request_sha(method: &str, path: &str, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(method.as_bytes());
+    h.update([0]);
+    h.update(path.as_bytes());
+    h.update([0]);
+    h.update(body);
+    h.finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Log {
+    pub fn new(catalog: Arc<Catalog>) -> Log {
+        Log {
+            catalog,
+            cursors: Mutex::default(),
+        }
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn cursors(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cursor>> {
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cursor(&self, session: &str) -> Result<Cursor, CatalogError> {
+        if let Some(c) = self.cursors().get(session) {
+            return Ok(*c);
+        }
+        let len = self.catalog.exchanges_len(session)?;
+        Ok(*self.cursors().entry(session.to_owned()).or_insert(Cursor {
+            next: len,
+            replay_end: len,
+        }))
+    }
+
+    /// Session `session`'s agent, living in it, was taken back to
+    /// `version`: it is in the request whose turn end became that version,
+    /// and is fast-forwarded from there. A version the log does not know
+    /// (a checkpoint taken by hand) leaves it live.
+    pub fn restored(&self, session: &str, version: &str) -> Result<Option<u64>, CatalogError> {
+        let at = self.catalog.exchange_of_version(session, version)?;
+        let len = self.catalog.exchanges_len(session)?;
+        let c = match at {
+            Some(seq) => Cursor {
+                next: seq,
+                replay_end: len,
+            },
+            None => Cursor {
+                next: len,
+                replay_end: len,
+            },
+        };
+        self.cursors().insert(session.to_owned(), c);
+        Ok(at)
+    }
+
+    /// A model call of `session` with hash `sha` arrives: its place, and
+    /// whether it is answered from the log.
+    pub fn meet(&self, session: &str, sha: &str) -> Result<Met, CatalogError> {
+        let c = self.cursor(session)?;
+        let seq = c.next;
+        self.cursors()
+            .entry(session.to_owned())
+            .and_modify(|c| c.next = c.next.max(seq + 1));
+        if seq >= c.replay_end {
+            return Ok(Met::Live { seq });
+        }
+        match self.catalog.exchange(session, seq)? {
+            Some(logged) if logged.request_sha == sha => Ok(Met::Replayed { seq, logged }),
+            _ => {
+                let branch = self.catalog.fork_exchanges(session, seq)?;
+                if let Some(c) = self.cursors().get_mut(session) {
+                    c.replay_end = c.replay_end.min(seq);
+                }
+                Ok(Met::Forked { seq, branch })
+            }
+        }
+    }
+
+    /// The request at `seq` was not answered in full: its place is free
+    /// again if no later request took one (the agent will send it again).
+    pub fn give_back(&self, session: &str, seq: u64) {
+        if let Some(c) = self.cursors().get_mut(session) {
+            if c.next == seq + 1 {
+                c.next = seq;
+            }
+        }
+    }
+
+    /// Log an answered request (its replay too: the version its turn end
+    /// became now, or the one it had).
+    pub fn keep(&self, session: &str, x: &Exchange) -> Result<(), CatalogError> {
+        let mut x = x.clone();
+        if x.version.is_none() {
+            x.version = self
+                .catalog
+                .exchange(session, x.seq)?
+                .filter(|old| old.request_sha == x.request_sha)
+                .and_then(|old| old.version);
+        }
+        self.catalog.log_exchange(session, &x)
+    }
+
+    pub fn forget(&self, session: &str) {
+        self.cursors().remove(session);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(seq: u64, sha: &str, version: Option<&str>) -> Exchange {
+        Exchange {
+            seq,
+            request_sha: sha.into(),
+            status: 200,
+            headers: vec![],
+            body: vec![seq as u8],
+            version: version.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_restored_agent_is_fast_forwarded_then_forks_where_it_differs() {
+        let log = Log::new(Arc::new(Catalog::in_memory().unwrap()));
+        for (i, v) in [None, Some("v1"), Some("v2"), Some("v3")].into_iter().enumerate() {
+            let sha = format!("r{i}");
+            assert!(matches!(log.meet("s", &sha).unwrap(), Met::Live { seq } if seq == i as u64));
+            log.keep("s", &answer(i as u64, &sha, v)).unwrap();
+        }
+        // Back at v1: requests 1 and 2 come from the log, 3 differs.
+        assert_eq!(log.restored("s", "v1").unwrap(), Some(1));
+        assert!(matches!(log.meet("s", "r1").unwrap(), Met::Replayed { seq: 1, .. }));
+        // Its replay is logged again without a version of its own (the
+        // first request after a restore ends no turn): it keeps v1.
+        log.keep("s", &answer(1, "r1", None)).unwrap();
+        assert_eq!(log.catalog().exchange_of_version("s", "v1").unwrap(), Some(1));
+        // An answer that did not reach the agent: the same place again.
+        assert!(matches!(log.meet("s", "r2").unwrap(), Met::Replayed { seq: 2, .. }));
+        log.give_back("s", 2);
+        assert!(matches!(log.meet("s", "r2").unwrap(), Met::Replayed { seq: 2, .. }));
+        assert!(matches!(log.meet("s", "other").unwrap(), Met::Forked { seq: 3, branch: 1 }));
+        assert!(matches!(log.meet("s", "r4").unwrap(), Met::Live { seq: 4 }));
+        // A version the log never saw leaves the agent live.
+        assert_eq!(log.restored("s", "by-hand").unwrap(), None);
+        assert!(matches!(log.meet("s", "r1").unwrap(), Met::Live { seq: 3 }));
+    }
+}
