@@ -125,6 +125,16 @@ impl Catalog {
         Ok(rows)
     }
 
+    /// Whether session `id`'s agent talks through the proxy.
+    pub fn is_coordinated(&self, id: &str) -> Result<bool> {
+        crate::any_row(
+            &self.conn(),
+            "SELECT 1 FROM coordinated WHERE session_id = ?1",
+            params![id],
+            "read a coordinated session",
+        )
+    }
+
     /// The pid inside session `id` of the agent living there, if one does.
     pub fn agent_of(&self, id: &str) -> Result<Option<i32>> {
         self.conn()
@@ -183,16 +193,18 @@ impl Catalog {
             )
             .optional()
             .map_err(sql("read an exchange"))?;
-        Ok(row.map(|(seq, request_sha, status, headers, body, version)| Exchange {
-            seq: seq as u64,
-            request_sha,
-            status,
-            // Written by log_exchange; a row that does not parse replays
-            // with no headers rather than not at all.
-            headers: serde_json::from_str(&headers).unwrap_or_default(),
-            body,
-            version,
-        }))
+        Ok(row.map(
+            |(seq, request_sha, status, headers, body, version)| Exchange {
+                seq: seq as u64,
+                request_sha,
+                status,
+                // Written by log_exchange; a row that does not parse replays
+                // with no headers rather than not at all.
+                headers: serde_json::from_str(&headers).unwrap_or_default(),
+                body,
+                version,
+            },
+        ))
     }
 
     /// The length of session `id`'s live log.
@@ -301,7 +313,13 @@ impl Catalog {
              VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM commands WHERE session_id = ?1),
                      ?2, ?3, ?4, 'running', ?5)
              RETURNING seq",
-            params![id, position as i64, turn.map(|t| t as i64), request, crate::now_ms()],
+            params![
+                id,
+                position as i64,
+                turn.map(|t| t as i64),
+                request,
+                crate::now_ms()
+            ],
             |r| r.get::<_, i64>(0),
         )
         .map(|s| s as u64)
@@ -318,6 +336,18 @@ impl Catalog {
             )
             .map_err(sql("end a command"))?;
         Ok(())
+    }
+
+    /// Commands still `running` when drumsd stopped (crashed) are
+    /// `interrupted`: their connection went with that drumsd. Returns how
+    /// many.
+    pub fn interrupt_running_commands(&self) -> Result<usize> {
+        self.conn()
+            .execute(
+                "UPDATE commands SET state = 'interrupted', ended_at_ms = ?1 WHERE state = 'running'",
+                params![crate::now_ms()],
+            )
+            .map_err(sql("mark interrupted commands"))
     }
 
     /// Session `id`'s commands, oldest first.
@@ -394,7 +424,9 @@ mod tests {
         c.end_command("s", 0, "done").unwrap();
         let all = c.commands("s").unwrap();
         assert_eq!(
-            all.iter().map(|c| (c.seq, c.position, c.state.as_str())).collect::<Vec<_>>(),
+            all.iter()
+                .map(|c| (c.seq, c.position, c.state.as_str()))
+                .collect::<Vec<_>>(),
             vec![(0, 0, "done"), (1, 1, "running")]
         );
         for i in 0..5 {

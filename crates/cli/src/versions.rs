@@ -140,8 +140,8 @@ pub async fn turns(c: &Client, session: &str, json: bool) -> Result<i32, Failure
         "{}",
         table::render(
             &[
-                "TURN", "SEQ", "LOG", "REQUEST", "STATUS", "DECISION", "VERSION", "BYTES", "UPSTREAM", "HELD",
-                "ERROR"
+                "TURN", "SEQ", "LOG", "REQUEST", "STATUS", "DECISION", "VERSION", "BYTES",
+                "UPSTREAM", "HELD", "ERROR"
             ],
             &rows
         )

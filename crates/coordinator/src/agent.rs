@@ -26,10 +26,15 @@ pub fn holder(init: i32, from: SocketAddrV4, pids: &[i32]) -> Option<Agent> {
     let link = format!("socket:[{inode}]");
     pids.iter().find_map(|&pid| {
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-        let holds = fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link.as_str())
-        });
-        holds.then(|| ns_pid(pid).map(|ns_pid| Agent { host_pid: pid, ns_pid }))?
+        let holds = fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link.as_str()));
+        holds.then(|| {
+            ns_pid(pid).map(|ns_pid| Agent {
+                host_pid: pid,
+                ns_pid,
+            })
+        })?
     })
 }
 
@@ -68,7 +73,10 @@ fn ns_pid(pid: i32) -> Option<i32> {
 pub fn v4(peer: std::net::SocketAddr) -> Option<SocketAddrV4> {
     match peer {
         std::net::SocketAddr::V4(a) => Some(a),
-        std::net::SocketAddr::V6(a) => a.ip().to_ipv4_mapped().map(|ip| SocketAddrV4::new(ip, a.port())),
+        std::net::SocketAddr::V6(a) => a
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddrV4::new(ip, a.port())),
     }
 }
 
@@ -86,7 +94,10 @@ mod tests {
         assert_eq!(socket_inode(table, a), Some(5678));
         let b = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 8080);
         assert_eq!(socket_inode(table, b), Some(1234));
-        assert_eq!(socket_inode(table, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 1)), None);
+        assert_eq!(
+            socket_inode(table, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 1)),
+            None
+        );
     }
 
     #[test]
@@ -101,6 +112,9 @@ mod tests {
         let found = holder(me, from, &[me]).expect("found");
         assert_eq!(found.host_pid, me);
         assert!(found.ns_pid > 0);
-        assert_eq!(holder(me, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1), &[me]), None);
+        assert_eq!(
+            holder(me, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1), &[me]),
+            None
+        );
     }
 }

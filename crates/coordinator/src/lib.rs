@@ -16,6 +16,7 @@
 //! path prefix or an `x-drums-session` header (an agent outside).
 
 mod agent;
+pub mod commands;
 mod replay;
 mod sse;
 mod turns;
@@ -90,6 +91,8 @@ pub struct Coordinator {
     client: upstream::HttpsClient,
     turns: turns::Turns,
     log: replay::Log,
+    /// Per session: recoveries done (commands.rs).
+    recovered: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,17 +160,21 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// An answer as it went out: status, headers, body.
+type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+
 /// What the pump needs to finish a turn request.
 struct Pending {
     session: Session,
     /// How the request met the session's exchange log, and its hash.
     met: Option<replay::Met>,
     sha: String,
-    /// The agent living in the session being looked for (its first request).
+    /// The session recorded as coordinated, and the agent living in it looked
+    /// for (its first request).
     seeking: Option<tokio::task::JoinHandle<()>>,
     /// The answer as it went out, to log: status, headers, body (`None` once
     /// over [`MAX_LOGGED_BYTES`], or not a 2xx).
-    answer: Option<(u16, Vec<(String, String)>, Vec<u8>)>,
+    answer: Option<Answer>,
     /// The upstream broke off.
     broken: bool,
     /// The turn's end: its effects, or none if no turn was open after all
@@ -186,12 +193,18 @@ impl Coordinator {
         upstreams: Upstreams,
         catalog: Arc<Catalog>,
     ) -> std::io::Result<Arc<Coordinator>> {
+        match catalog.interrupt_running_commands() {
+            Ok(0) => {}
+            Ok(n) => warn!("{n} command(s) were running when the previous drumsd stopped: marked interrupted, not re-issued"),
+            Err(e) => warn!("journal: {e}"),
+        }
         Ok(Arc::new(Coordinator {
             manager,
             upstreams,
             client: upstream::client()?,
             turns: turns::Turns::default(),
             log: replay::Log::new(catalog),
+            recovered: Default::default(),
         }))
     }
 
@@ -351,17 +364,20 @@ impl Coordinator {
         let up = up.body(Full::new(body)).expect("a valid request");
 
         let mut pending = turn.map(|s| {
-            self.begin(s, Begin {
-                peer,
-                listener,
-                style,
-                path: path.clone(),
-                stream,
-                request_bytes,
-                sha,
-                started,
-                started_at_ms,
-            })
+            self.begin(
+                s,
+                Begin {
+                    peer,
+                    listener,
+                    style,
+                    path: path.clone(),
+                    stream,
+                    request_bytes,
+                    sha,
+                    started,
+                    started_at_ms,
+                },
+            )
         });
 
         // A fast-forward: the logged answer, without asking upstream.
@@ -455,7 +471,9 @@ impl Coordinator {
                 }
             };
             match at {
-                Ok(at) => debug!(session = %s.name, version = %v, fast_forward_from = ?at, "restored"),
+                Ok(at) => {
+                    debug!(session = %s.name, version = %v, fast_forward_from = ?at, "restored")
+                }
                 Err(e) => warn!(session = %s.name, "the exchange log after a restore: {e}"),
             }
         }
@@ -494,8 +512,10 @@ impl Coordinator {
                 None
             }
         };
-        let seeking = (b.listener == Listener::Bridge && self.turns.seek_agent(&s.id))
-            .then(|| self.seek_agent(&s, b.peer));
+        let seeking = self
+            .turns
+            .seek_agent(&s.id)
+            .then(|| self.seek_agent(&s, b.peer, b.listener));
         Pending {
             record: CoordinatedTurn {
                 session: s.name.clone(),
@@ -537,12 +557,21 @@ impl Coordinator {
     /// Find the process of session `s` that holds the connection from
     /// `peer`: the agent living in the session, excluded from its process
     /// tracking from now on (agent.rs).
-    fn seek_agent(self: &Arc<Self>, s: &Session, peer: SocketAddr) -> tokio::task::JoinHandle<()> {
+    fn seek_agent(
+        self: &Arc<Self>,
+        s: &Session,
+        peer: SocketAddr,
+        listener: Listener,
+    ) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         let (id, name, init) = (s.id.clone(), s.name.clone(), s.init_pid);
         tokio::task::spawn_blocking(move || {
+            // Coordinated from now on: watched, and its commands logged.
             if let Err(e) = me.log.catalog().coordinate(&id, None) {
                 warn!(session = %name, "journal: {e}");
+            }
+            if listener != Listener::Bridge {
+                return;
             }
             let (Some(init), Some(from)) = (init, agent::v4(peer)) else {
                 return;
@@ -557,8 +586,12 @@ impl Coordinator {
                 return;
             };
             match me.manager.mark_agent(&id, found.ns_pid) {
-                Ok(_) => info!(session = %name, pid = found.ns_pid, "the agent lives in the session: not tracked"),
-                Err(e) => warn!(session = %name, "mark the agent: {}", drums_session::error_chain(&e)),
+                Ok(_) => {
+                    info!(session = %name, pid = found.ns_pid, "the agent lives in the session: not tracked")
+                }
+                Err(e) => {
+                    warn!(session = %name, "mark the agent: {}", drums_session::error_chain(&e))
+                }
             }
             if let Err(e) = me.log.catalog().coordinate(&id, Some(found.ns_pid)) {
                 warn!(session = %name, "journal: {e}");

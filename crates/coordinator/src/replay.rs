@@ -67,10 +67,7 @@ pub fn request_sha(method: &str, path: &str, body: &[u8]) -> String {
     h.update(path.as_bytes());
     h.update([0]);
     h.update(body);
-    h.finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Log {
@@ -191,23 +188,41 @@ mod tests {
     #[test]
     fn a_restored_agent_is_fast_forwarded_then_forks_where_it_differs() {
         let log = Log::new(Arc::new(Catalog::in_memory().unwrap()));
-        for (i, v) in [None, Some("v1"), Some("v2"), Some("v3")].into_iter().enumerate() {
+        for (i, v) in [None, Some("v1"), Some("v2"), Some("v3")]
+            .into_iter()
+            .enumerate()
+        {
             let sha = format!("r{i}");
             assert!(matches!(log.meet("s", &sha).unwrap(), Met::Live { seq } if seq == i as u64));
             log.keep("s", &answer(i as u64, &sha, v)).unwrap();
         }
         // Back at v1: requests 1 and 2 come from the log, 3 differs.
         assert_eq!(log.restored("s", "v1").unwrap(), Some(1));
-        assert!(matches!(log.meet("s", "r1").unwrap(), Met::Replayed { seq: 1, .. }));
+        assert!(matches!(
+            log.meet("s", "r1").unwrap(),
+            Met::Replayed { seq: 1, .. }
+        ));
         // Its replay is logged again without a version of its own (the
         // first request after a restore ends no turn): it keeps v1.
         log.keep("s", &answer(1, "r1", None)).unwrap();
-        assert_eq!(log.catalog().exchange_of_version("s", "v1").unwrap(), Some(1));
+        assert_eq!(
+            log.catalog().exchange_of_version("s", "v1").unwrap(),
+            Some(1)
+        );
         // An answer that did not reach the agent: the same place again.
-        assert!(matches!(log.meet("s", "r2").unwrap(), Met::Replayed { seq: 2, .. }));
+        assert!(matches!(
+            log.meet("s", "r2").unwrap(),
+            Met::Replayed { seq: 2, .. }
+        ));
         log.give_back("s", 2);
-        assert!(matches!(log.meet("s", "r2").unwrap(), Met::Replayed { seq: 2, .. }));
-        assert!(matches!(log.meet("s", "other").unwrap(), Met::Forked { seq: 3, branch: 1 }));
+        assert!(matches!(
+            log.meet("s", "r2").unwrap(),
+            Met::Replayed { seq: 2, .. }
+        ));
+        assert!(matches!(
+            log.meet("s", "other").unwrap(),
+            Met::Forked { seq: 3, branch: 1 }
+        ));
         assert!(matches!(log.meet("s", "r4").unwrap(), Met::Live { seq: 4 }));
         // A version the log never saw leaves the agent live.
         assert_eq!(log.restored("s", "by-hand").unwrap(), None);

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-
 /// What a request from a session is for the session's turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Boundary {

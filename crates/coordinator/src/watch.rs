@@ -97,10 +97,15 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
             ooms.remove(&id);
             c.turns.forget(&id);
             match c.manager.recover(&id).await {
-                Ok(s) => info!(session = %s.name, "{why}: recovered by the coordinator"),
+                Ok(s) => {
+                    info!(session = %s.name, "{why}: recovered by the coordinator");
+                    c.after_recovery(&id).await;
+                }
                 // A rollback or another recovery got there first.
                 Err(SessionError::Conflict(m)) if !m.contains("no done version") => {}
-                Err(e) => warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e)),
+                Err(e) => {
+                    warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e))
+                }
             }
         }
     }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod json;
 pub mod ksm;
 pub mod lock;
+mod reissue;
 pub mod request_id;
 pub mod server;
 pub mod session_api;

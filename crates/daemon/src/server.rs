@@ -527,7 +527,19 @@ async fn stats(
     Ok(Json(m.stats(&id)?))
 }
 
-async fn exec(State(m): State<AppState>, Path(id): Path<String>, req: Request) -> Result<Response> {
+/// A session whose agent talks through the coordinator has its commands
+/// logged and re-issued after a recovery (reissue.rs); any other's pass
+/// straight through to its guest.
+async fn exec(
+    State(m): State<AppState>,
+    axum::Extension(c): axum::Extension<Arc<drums_coordinator::Coordinator>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response> {
+    let session = m.get(&id)?;
+    if c.coordinates(&session.id) {
+        return crate::reissue::exec(m, c, session, req).await;
+    }
     proxy(&m, &id, "/v1/exec".into(), req).await
 }
 
@@ -592,7 +604,11 @@ async fn proxy(m: &Manager, id: &str, uri: String, req: Request) -> Result<Respo
 /// being removed, or is gone, is the session's state, not a broken guest: 409,
 /// as the request would have got a moment later (502 before). The catalog
 /// says "removing" before the teardown kills anything, so this is not a race.
-fn guest_failed(m: &Manager, s: &drums_api::Session, e: drums_api::ClientError) -> ApiError {
+pub(crate) fn guest_failed(
+    m: &Manager,
+    s: &drums_api::Session,
+    e: drums_api::ClientError,
+) -> ApiError {
     if matches!(e, drums_api::ClientError::Api { .. }) {
         return e.into();
     }

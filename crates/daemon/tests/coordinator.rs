@@ -566,7 +566,11 @@ async fn final_state(d: &TestDaemon, s: &str) -> String {
         if code == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{s}: the agent never finished: {}", d.sh(s, "cat /root/agent.log").1);
+        assert!(
+            Instant::now() < deadline,
+            "{s}: the agent never finished: {}",
+            d.sh(s, "cat /root/agent.log").1
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (code, out, err) = d.sh(
@@ -579,7 +583,10 @@ async fn final_state(d: &TestDaemon, s: &str) -> String {
     out.lines()
         .map(str::trim)
         .filter(|l| {
-            !(*l == "sort" || l.starts_with("tr ") || l.starts_with("grep ") || l.contains("sha256sum"))
+            !(*l == "sort"
+                || l.starts_with("tr ")
+                || l.starts_with("grep ")
+                || l.contains("sha256sum"))
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -588,7 +595,10 @@ async fn final_state(d: &TestDaemon, s: &str) -> String {
 /// Run a process in session `id`'s memory cgroup that asks for more than
 /// the session may have: the OOM killer kills in the session's cgroup.
 fn exhaust_memory(d: &TestDaemon, id: &str) {
-    let procs = format!("/sys/fs/cgroup/memory/{}/{id}/cgroup.procs", d.cgroup_parent);
+    let procs = format!(
+        "/sys/fs/cgroup/memory/{}/{id}/cgroup.procs",
+        d.cgroup_parent
+    );
     let o = Command::new("python3")
         .args([
             "-c",
@@ -598,6 +608,23 @@ fn exhaust_memory(d: &TestDaemon, id: &str) {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), None, "the OOM killer ended it: {o:?}");
+}
+
+/// Sessions "clean" (the run without failures) and "faulty", with little
+/// memory (256 MiB), so that the OOM killer can be made to kill in one.
+async fn two_runs(d: &TestDaemon) {
+    for name in ["clean", "faulty"] {
+        d.create(&CreateSession {
+            name: Some(name.into()),
+            limits: drums_api::Limits {
+                memory_bytes: Some(256 << 20),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -623,33 +650,36 @@ async fn an_agent_in_a_session_is_recovered_from_five_failures_and_ends_as_witho
     let mut d = TestDaemon::start_with(&["--llm-upstream", &format!("openai={}", mock.url())]);
     let subnet = d.subnet();
     let proxy = gateway(&subnet);
-    for name in ["clean", "faulty"] {
-        d.create(&CreateSession {
-            name: Some(name.into()),
-            limits: drums_api::Limits {
-                memory_bytes: Some(256 << 20),
-                ..Default::default()
-            },
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
+    two_runs(&d).await;
 
     // The run without failures.
     start_agent(&d, "clean", &proxy, TURNS);
     wait_logged(&d, "clean", TURNS as u64).await;
     let clean = final_state(&d, "clean").await;
-    assert!(clean.contains("sleep 100009") && !clean.contains("sleep 100004"), "{clean}");
+    assert!(
+        clean.contains("sleep 100009") && !clean.contains("sleep 100004"),
+        "{clean}"
+    );
     let r = records(&d, "clean").await;
-    assert!(r.iter().all(|t| t.log == "live" && t.status == 200), "{r:#?}");
+    assert!(
+        r.iter().all(|t| t.log == "live" && t.status == 200),
+        "{r:#?}"
+    );
     // The agent was found from its connection: its own changes are not a
     // turn's, so turns that only wrote files took files versions.
-    assert!(d.log().contains("the agent lives in the session"), "{}", d.log());
+    assert!(
+        d.log().contains("the agent lives in the session"),
+        "{}",
+        d.log()
+    );
     assert!(r.iter().any(|t| t.decision == "files"), "{r:#?}");
 
     // The same run, with failures.
-    let faulty: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/faulty", None::<&()>).await.unwrap();
+    let faulty: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
+        .await
+        .unwrap();
     start_agent(&d, "faulty", &proxy, TURNS);
     let plan = [
         (3, Fault::Processes),
@@ -662,9 +692,17 @@ async fn an_agent_in_a_session_is_recovered_from_five_failures_and_ends_as_witho
         wait_logged(&d, "faulty", at).await;
         match fault {
             Fault::Processes => {
-                let s: drums_api::Session = d.client.json(Method::GET, "/v1/sessions/faulty", None::<&()>).await.unwrap();
+                let s: drums_api::Session = d
+                    .client
+                    .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
+                    .await
+                    .unwrap();
                 let init = s.init_pid.unwrap();
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL).unwrap();
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(init),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
             }
             Fault::Oom => exhaust_memory(&d, &faulty.id),
             Fault::Daemon => {
@@ -693,7 +731,182 @@ async fn an_agent_in_a_session_is_recovered_from_five_failures_and_ends_as_witho
     let upstream = r.iter().filter(|t| t.log == "live").count();
     assert!(replayed >= 4, "{replayed} replayed: {r:#?}");
     assert!(r.iter().all(|t| t.log != "forked"), "{r:#?}");
-    assert!(upstream <= TURNS as usize + 1 + plan.len(), "{upstream} asked upstream: {r:#?}");
+    assert!(
+        upstream <= TURNS as usize + 1 + plan.len(),
+        "{upstream} asked upstream: {r:#?}"
+    );
+
+    for s in ["clean", "faulty"] {
+        d.rm(s).await.unwrap();
+    }
+    d.stop_and_check_leaks();
+}
+
+/// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`: (exit
+/// code, stdout, stderr). Free of the TestDaemon, to run beside a failure.
+fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
+    let o = Command::new(common::bin_dir().join("drums"))
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--no-autostart")
+        .args(["exec", session, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+    )
+}
+
+/// A model call of an agent outside session `s`, as an SDK makes it: tried
+/// again while the proxy cannot be reached or answers 5xx (drumsd
+/// restarting). The answer's text.
+fn model_call(at: SocketAddr, s: &str, text: &str) -> String {
+    let body = serde_json::json!({
+        "model": "with-delay-300",
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = (|| -> Option<(u16, String)> {
+            let mut c = TcpStream::connect(at).ok()?;
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\
+                 Content-Type: application/json\r\nx-drums-session: {s}\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            c.write_all(head.as_bytes()).ok()?;
+            c.write_all(body.as_bytes()).ok()?;
+            let mut out = Vec::new();
+            c.read_to_end(&mut out).ok()?;
+            let text = String::from_utf8_lossy(&out).into_owned();
+            let status = text.split(' ').nth(1)?.parse().ok()?;
+            Some((status, text.split_once("\r\n\r\n")?.1.to_owned()))
+        })();
+        match got {
+            Some((200, body)) => {
+                let v: Value =
+                    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+                return v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+            }
+            Some((status, body)) if status < 500 => panic!("{status}: {body}"),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the proxy never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An agent outside its session, 20 turns of a model call (through the
+/// proxy, by header) and a command in the session (`drums exec`), with five
+/// failures: the session's processes killed twice and its memory exhausted
+/// twice while a command runs, drumsd killed and restarted once while the
+/// model thinks. Each command's answer is what it would have been without
+/// failures (the coordinator recovers the session and re-issues the
+/// command for its waiting caller), and the files end as the run's without
+/// failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_outside_its_session_never_sees_five_failures() {
+    const TURNS: u64 = 20;
+    let mock = Mock::start();
+    let mut d = TestDaemon::start_with(&["--llm-upstream", &format!("openai={}", mock.url())]);
+    let subnet = d.subnet();
+    two_runs(&d).await;
+    let faulty: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
+        .await
+        .unwrap();
+    let plan: [(u64, Option<Fault>); 5] = [
+        (3, Some(Fault::Processes)),
+        (7, Some(Fault::Oom)),
+        (10, Some(Fault::Daemon)),
+        (13, Some(Fault::Processes)),
+        (16, Some(Fault::Oom)),
+    ];
+    // The command of turn t: not idempotent (it appends), and its answer
+    // says how many turns the log has. Those the failures hit run long
+    // enough (in both runs) for the session to fail while they run.
+    let command = |t: u64| {
+        let secs = if plan.iter().any(|(at, _)| *at == t) {
+            3.0
+        } else {
+            0.4
+        };
+        format!("mkdir -p /root/work && sleep {secs} && echo turn {t} >> /root/work/log && echo {t} > /root/work/f{t} && wc -l < /root/work/log")
+    };
+    for s in ["clean", "faulty"] {
+        for t in 0..=TURNS {
+            let fault = plan
+                .iter()
+                .find(|(at, _)| *at == t && s == "faulty")
+                .and_then(|(_, f)| *f);
+            let at = d.proxy_local;
+            let (name, text) = (s.to_owned(), format!("turn {t}"));
+            let call = tokio::task::spawn_blocking(move || model_call(at, &name, &text));
+            if let Some(Fault::Daemon) = fault {
+                // While the model thinks.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                d.kill9();
+                d.restart(&subnet);
+            }
+            assert_eq!(call.await.unwrap(), format!("echo: turn {t}"));
+            if t == TURNS {
+                break;
+            }
+            let (state, name, script) = (d.state.path().to_owned(), s.to_owned(), command(t));
+            let run = tokio::task::spawn_blocking(move || exec_in(&state, &name, &script));
+            match fault {
+                Some(Fault::Processes) => {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    let now: drums_api::Session = d
+                        .client
+                        .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
+                        .await
+                        .unwrap();
+                    nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(now.init_pid.unwrap()),
+                        nix::sys::signal::Signal::SIGKILL,
+                    )
+                    .unwrap();
+                }
+                Some(Fault::Oom) => {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    exhaust_memory(&d, &faulty.id);
+                }
+                _ => {}
+            }
+            let (code, out, err) = run.await.unwrap();
+            assert_eq!(
+                (code, out.as_str()),
+                (0, (t + 1).to_string().as_str()),
+                "{s}: turn {t}'s command: {err}\n{}",
+                d.log()
+            );
+        }
+    }
+    let files = |s: &str| d.sh(s, "cd /root/work && sha256sum $(ls | sort)");
+    let (clean, faulty_files) = (files("clean"), files("faulty"));
+    assert_eq!(clean.0, 0, "{}", clean.2);
+    assert_eq!(faulty_files, clean, "the run with failures ended elsewhere");
+    let log = d.log();
+    assert_eq!(
+        log.matches("recovered by the coordinator").count(),
+        4,
+        "each failed session recovered once:\n{log}"
+    );
+    assert_eq!(
+        log.matches("re-issuing the command").count(),
+        4,
+        "each command the failures broke re-issued:\n{log}"
+    );
+    assert!(log.contains("adopting a live session"), "{log}");
 
     for s in ["clean", "faulty"] {
         d.rm(s).await.unwrap();

@@ -416,6 +416,13 @@ impl Inspector {
         Ok(())
     }
 
+    /// The session's open turn, if it is watched and one is open.
+    pub fn open_turn(&self, session: &str) -> Option<u64> {
+        let st = self.state();
+        let w = st.watches.get(session)?;
+        w.open.then_some(w.turn)
+    }
+
     /// Stop watching a session; the programs unload with the last one.
     pub fn unwatch(&self, session: &str) {
         let unloaded = self.state().unwatch(session);

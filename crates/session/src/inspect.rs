@@ -76,6 +76,12 @@ impl Manager {
         })
     }
 
+    /// The session's open turn, if one is.
+    pub fn open_turn(&self, id_or_name: &str) -> Option<u64> {
+        let rec = self.record(id_or_name).ok()?;
+        self.inspector.open_turn(&rec.name)
+    }
+
     /// Stop inspecting a session (its programs unload with the last one).
     pub fn stop_inspecting(&self, id_or_name: &str) -> Result<(), SessionError> {
         let rec = self.record(id_or_name)?;

@@ -728,6 +728,12 @@ impl Manager {
             .flatten()
     }
 
+    /// The version session `id` is at: its newest, or the one it was
+    /// rolled back or recovered to.
+    pub fn at_version(&self, id: &str) -> Option<String> {
+        self.position(id).at
+    }
+
     /// Whether a running session's processes died (its init is gone): what
     /// `drums recover` is for.
     pub fn processes_died(&self, id_or_name: &str) -> Result<bool, SessionError> {

@@ -1,0 +1,360 @@
+//! `exec` in a session whose agent talks through the coordinator from
+//! outside (an agent *with* a sandbox; docs/coordinator.md).
+//!
+//! The command is logged before it runs (`drums_coordinator::commands`).
+//! If the session fails while it runs (its processes killed, the OOM
+//! killer), the coordinator's watch recovers the session and runs the
+//! commands since the version again; then the command is re-issued once,
+//! and its output joins what the caller already has: the bytes it had on
+//! each stream must come again first, and only the rest goes on. A command
+//! whose output differs the second time (not deterministic, or its effects
+//! outside the session differ) ends the stream with an error rather than
+//! hand the caller a mix of two runs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use base64::Engine;
+use bytes::Bytes;
+use drums_api::{ExecFrame, ExecRequest, Session};
+use drums_coordinator::Coordinator;
+use drums_session::Manager;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::error::ApiError;
+
+/// An exec request is small (argv, env, cwd).
+const MAX_REQUEST: usize = 1 << 20;
+/// The longest frame line the guest may send (its chunks are 64 KiB).
+const MAX_LINE: usize = 4 << 20;
+/// How long a broken stream waits to see whether its session failed.
+const FAILURE_WAIT: Duration = Duration::from_secs(3);
+/// How long it waits for the coordinator to recover the session.
+const RECOVERY_WAIT: Duration = Duration::from_secs(120);
+
+type Line = Result<Bytes, std::io::Error>;
+
+pub async fn exec(
+    m: Arc<Manager>,
+    c: Arc<Coordinator>,
+    session: Session,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let body = http_body_util::Limited::new(req.into_body(), MAX_REQUEST)
+        .collect()
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("exec request: {e}"),
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice::<ExecRequest>(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("exec request: {e}"),
+        )
+    })?;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let seq = c.command_begins(&session.id, &text).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("log the command: {e}"),
+        )
+    })?;
+    let recoveries = c.recoveries(&session.id);
+    // The first attempt answers as an exec without the log would: a refusal
+    // by the guest (a bad argv) is the caller's.
+    let first = match start(&m, &session, &body).await {
+        Ok(a) => a,
+        Err(e) => {
+            c.command_ends(&session.id, seq, "failed");
+            return Err(e);
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Line>(16);
+    tokio::spawn(
+        Run {
+            m,
+            c,
+            session,
+            body,
+            seq,
+            recoveries,
+            tx,
+        }
+        .go(first),
+    );
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|l| (l, rx)) });
+    Ok(Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .expect("a valid response"))
+}
+
+/// One attempt: the guest's answer, and the count that keeps versions with
+/// processes from dumping while it is open.
+struct Attempt {
+    body: Incoming,
+    _open: drums_session::manager::GuestStream,
+}
+
+async fn start(m: &Manager, s: &Session, body: &Bytes) -> Result<Attempt, ApiError> {
+    let client = m.guest_proxy(s)?;
+    let open = m.guest_stream(&s.id);
+    let req = hyper::Request::builder()
+        .method(hyper::Method::POST)
+        .uri("/v1/exec")
+        .header("host", "guest")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body.clone()))
+        .expect("a valid request");
+    let resp = client
+        .send(req)
+        .await
+        .map_err(|e| crate::server::guest_failed(m, s, e))?;
+    let resp = client
+        .check(resp)
+        .await
+        .map_err(|e| crate::server::guest_failed(m, s, e))?;
+    Ok(Attempt {
+        body: resp.into_body(),
+        _open: open,
+    })
+}
+
+/// What the caller has had of one output stream.
+#[derive(Clone, Default)]
+struct Given {
+    bytes: u64,
+    sha: Sha256,
+}
+
+/// How an attempt ended.
+enum End {
+    Exit,
+    ClientGone,
+    Diverged(String),
+    Broken(String),
+}
+
+struct Run {
+    m: Arc<Manager>,
+    c: Arc<Coordinator>,
+    session: Session,
+    body: Bytes,
+    seq: u64,
+    recoveries: u64,
+    tx: mpsc::Sender<Line>,
+}
+
+impl Run {
+    async fn go(mut self, first: Attempt) {
+        let id = self.session.id.clone();
+        // stdout, stderr: what the caller has had; on a re-issue, what the
+        // new run must give again before anything goes on.
+        let mut given = [Given::default(), Given::default()];
+        let mut again: Option<[Given; 2]> = None;
+        let mut attempt = first;
+        loop {
+            match self.pump(&mut attempt, &mut given, &mut again).await {
+                End::Exit => {
+                    let state = if again.is_some() { "reissued" } else { "done" };
+                    self.c.command_ends(&id, self.seq, state);
+                    return;
+                }
+                End::ClientGone => {
+                    // Dropping the guest's answer stops the command.
+                    self.c.command_ends(&id, self.seq, "cancelled");
+                    return;
+                }
+                End::Diverged(why) => {
+                    self.c.command_ends(&id, self.seq, "diverged");
+                    self.fail(why).await;
+                    return;
+                }
+                End::Broken(why) => {
+                    if again.is_some() || !self.session_failed().await {
+                        self.c.command_ends(&id, self.seq, "failed");
+                        self.fail(why).await;
+                        return;
+                    }
+                    match self.recovered().await {
+                        Ok(s) => self.session = s,
+                        Err(e) => {
+                            self.c.command_ends(&id, self.seq, "failed");
+                            self.fail(format!("{why}; and the session did not come back: {e}"))
+                                .await;
+                            return;
+                        }
+                    }
+                    info!(session = %self.session.name, command = self.seq, "re-issuing the command that was running when the session failed");
+                    attempt = match start(&self.m, &self.session, &self.body).await {
+                        Ok(a) => a,
+                        Err(e) => {
+                            self.c.command_ends(&id, self.seq, "failed");
+                            self.fail(format!("re-issue after the recovery: {}", e.message))
+                                .await;
+                            return;
+                        }
+                    };
+                    again = Some(std::mem::take(&mut given));
+                    given = again.clone().expect("just set");
+                }
+            }
+        }
+    }
+
+    async fn fail(&self, why: String) {
+        warn!(session = %self.session.name, command = self.seq, "exec: {why}");
+        let _ = self.tx.send(Err(std::io::Error::other(why))).await;
+    }
+
+    /// Pass an attempt's frames on, from the point the caller has reached.
+    async fn pump(
+        &self,
+        a: &mut Attempt,
+        given: &mut [Given; 2],
+        again: &mut Option<[Given; 2]>,
+    ) -> End {
+        // To check on a re-issue: bytes of each stream still to come again,
+        // and their hash so far.
+        let mut check: Option<[(u64, Sha256); 2]> = again
+            .as_ref()
+            .map(|g| [(g[0].bytes, Sha256::new()), (g[1].bytes, Sha256::new())]);
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let frame = tokio::select! {
+                f = a.body.frame() => f,
+                _ = self.tx.closed() => return End::ClientGone,
+            };
+            let data = match frame {
+                None => return End::Broken("the command's stream ended without its exit".into()),
+                Some(Err(e)) => return End::Broken(format!("the command's stream broke: {e}")),
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                },
+            };
+            buf.extend_from_slice(&data);
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let frame: ExecFrame = match serde_json::from_slice(&line) {
+                    Ok(f) => f,
+                    Err(e) => return End::Broken(format!("the guest sent a bad frame: {e}")),
+                };
+                match frame {
+                    ExecFrame::Output { stream, data } => {
+                        let k = usize::from(stream == "stderr");
+                        let Ok(mut bytes) = base64::engine::general_purpose::STANDARD.decode(&data)
+                        else {
+                            return End::Broken("the guest sent bad base64".into());
+                        };
+                        if let Some(c) = &mut check {
+                            let (left, sha) = &mut c[k];
+                            let n = (*left).min(bytes.len() as u64) as usize;
+                            sha.update(&bytes[..n]);
+                            *left -= n as u64;
+                            if n > 0 && *left == 0 {
+                                let before =
+                                    again.as_ref().expect("checking")[k].sha.clone().finalize();
+                                if sha.clone().finalize() != before {
+                                    return End::Diverged(format!(
+                                        "the re-issued command's {stream} differs from what the caller had"
+                                    ));
+                                }
+                            }
+                            bytes.drain(..n);
+                            if bytes.is_empty() {
+                                continue;
+                            }
+                        }
+                        given[k].bytes += bytes.len() as u64;
+                        given[k].sha.update(&bytes);
+                        let out = ExecFrame::Output {
+                            stream,
+                            data: base64::engine::general_purpose::STANDARD.encode(&bytes),
+                        };
+                        if self.send(&out).await.is_err() {
+                            return End::ClientGone;
+                        }
+                    }
+                    exit @ ExecFrame::Exit { .. } => {
+                        if let Some(c) = &check {
+                            if c.iter().any(|(left, _)| *left > 0) {
+                                return End::Diverged(
+                                    "the re-issued command gave less output than the caller had"
+                                        .into(),
+                                );
+                            }
+                        }
+                        let _ = self.send(&exit).await;
+                        return End::Exit;
+                    }
+                }
+            }
+            if buf.len() > MAX_LINE {
+                return End::Broken("the guest sent a frame over 4 MiB".into());
+            }
+        }
+    }
+
+    async fn send(&self, f: &ExecFrame) -> Result<(), ()> {
+        let mut line = serde_json::to_vec(f).expect("API types serialize");
+        line.push(b'\n');
+        self.tx.send(Ok(Bytes::from(line))).await.map_err(|_| ())
+    }
+
+    /// Whether the stream broke because the session failed: it is being
+    /// recovered, was recovered, or its processes died.
+    async fn session_failed(&self) -> bool {
+        let deadline = Instant::now() + FAILURE_WAIT;
+        while Instant::now() < deadline {
+            match self.m.get(&self.session.id) {
+                Err(_) => return false,
+                Ok(now) if now.state != "running" || now.init_pid != self.session.init_pid => {
+                    return true
+                }
+                Ok(_) => {}
+            }
+            if self.c.recoveries(&self.session.id) > self.recoveries
+                || self.m.processes_died(&self.session.id).unwrap_or(false)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// The session once the coordinator recovered it and ran its commands
+    /// since the version again.
+    async fn recovered(&self) -> Result<Session, String> {
+        let deadline = Instant::now() + RECOVERY_WAIT;
+        loop {
+            if self.c.recoveries(&self.session.id) > self.recoveries {
+                return self
+                    .m
+                    .get(&self.session.id)
+                    .map_err(|e| drums_session::error_chain(&e));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not recovered within {RECOVERY_WAIT:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
