@@ -13,16 +13,18 @@
 //!   boundary (the turn changed nothing, so no version).
 //! - Requests per second, 16 sessions at once for 3 s, each request a turn
 //!   boundary; and the same 16 workers directly to the mock.
-//! - Exposed delay: 16 sessions each run `turns` turns (a file written, then
-//!   a streamed answer whose latency follows a log-normal with Crab's median
-//!   of 3.34 s); the time each answer's end was held for its version, from
+//! - Exposed delay: 16 sessions at once each run `turns` turns (work in the
+//!   session, then a streamed answer whose latency follows a log-normal with
+//!   Crab's median of 3.34 s); half the sessions' work writes a file (files
+//!   versions), the other half's also replaces a process (process
+//!   versions). The time each answer's end was held for its version, from
 //!   drumsd's records, and its share of the turns' time.
 //!
 //! JSON keys, seconds: `plain.{direct,proxy}.{p50,p95}`, `plain.added.p50`
 //! (the median of paired differences), the same for `stream` (first event)
-//! and `session`; `rps.16.{direct,proxy}`; `held.{p50,p95}`,
-//! `held.exposed_share` (held / (upstream + held), all turns),
-//! `held.turns`.
+//! and `session`; `rps.16.{direct,proxy}`; for `W` in `files` and
+//! `processes`: `held.W.{p50,p95}`, `held.W.exposed_share` (held /
+//! (upstream + held), all its turns), `held.W.turns`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -166,24 +168,32 @@ async fn run(
         );
     }
 
-    // Exposed delay: real turns (a file written), model latencies drawn from
-    // a log-normal around Crab's median.
+    // Exposed delay: real turns, model latencies drawn from a log-normal
+    // around Crab's median. Half the sessions' turns write a file (a files
+    // version, milliseconds), the other half's also start a process (a
+    // process version, a CRIU dump of the session); both run at once, so
+    // they share the engine as agents would.
     progress("exposed delay");
-    let before: Vec<usize> = {
-        let mut v = Vec::new();
-        for s in live.iter() {
-            v.push(records(c, s).await?.len());
-        }
-        v
-    };
+    let mut before = Vec::new();
+    for s in live.iter() {
+        before.push(records(c, s).await?.len());
+    }
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let plans: Vec<Vec<u64>> = (0..SESSIONS)
         .map(|_| (0..turns).map(|_| lognormal_ms(&mut rng)).collect())
         .collect();
-    let runs = live.iter().zip(&plans).map(|(s, plan)| async move {
+    let runs = live.iter().zip(&plans).enumerate().map(|(k, (s, plan))| async move {
         let mut conn = Conn::open(at).await?;
         for (i, ms) in plan.iter().enumerate() {
-            sh(c, s, &format!("echo {i} > /root/turn")).await?;
+            let work = match Work::of(k) {
+                Work::Files => format!("echo {i} > /root/turn"),
+                // The previous turn's process goes, a new one comes.
+                Work::Processes => format!(
+                    "echo {i} > /root/turn; kill $(cat /root/worker 2>/dev/null) 2>/dev/null; \
+                     sleep 100000 >/dev/null 2>&1 & echo $! > /root/worker"
+                ),
+            };
+            sh(c, s, &work).await?;
             conn.ask("/v1/chat/completions", Some(&s.name), true, *ms)
                 .await?;
         }
@@ -192,8 +202,8 @@ async fn run(
     for r in futures::future::join_all(runs).await {
         r?;
     }
-    let (mut held, mut upstream) = (Vec::new(), 0.0);
-    for (s, skip) in live.iter().zip(before) {
+    let mut held: [(Vec<f64>, f64); 2] = Default::default();
+    for (k, (s, skip)) in live.iter().zip(before).enumerate() {
         let deadline = Instant::now() + Duration::from_secs(30);
         let r = loop {
             let r = records(c, s).await?;
@@ -202,22 +212,50 @@ async fn run(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
+        let (h, upstream) = &mut held[Work::of(k) as usize];
         for t in r.into_iter().skip(skip) {
-            held.push(t.held_ms / 1e3);
-            upstream += t.upstream_ms / 1e3;
+            h.push(t.held_ms / 1e3);
+            *upstream += t.upstream_ms / 1e3;
         }
     }
-    put(&mut out, "held", &held);
-    let held_sum: f64 = held.iter().sum();
-    out.insert(
-        "held.exposed_share".into(),
-        json!(held_sum / (upstream + held_sum)),
-    );
-    out.insert("held.turns".into(), json!(held.len()));
+    for (w, (h, upstream)) in [Work::Files, Work::Processes].into_iter().zip(&held) {
+        let key = format!("held.{}", w.as_str());
+        put(&mut out, &key, h);
+        let sum: f64 = h.iter().sum();
+        out.insert(format!("{key}.exposed_share"), json!(sum / (upstream + sum)));
+        out.insert(format!("{key}.turns"), json!(h.len()));
+    }
     if !as_json {
         eprintln!();
     }
     Ok(Value::Object(out))
+}
+
+/// What a session's turns do in the exposed-delay part.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// Write a file: a files version.
+    Files = 0,
+    /// Write a file and replace a process: a process version.
+    Processes = 1,
+}
+
+impl Work {
+    /// Every other session.
+    fn of(session: usize) -> Work {
+        if session % 2 == 0 {
+            Work::Files
+        } else {
+            Work::Processes
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Work::Files => "files",
+            Work::Processes => "processes",
+        }
+    }
 }
 
 async fn records(c: &Client, s: &Session) -> Result<Vec<drums_api::CoordinatedTurn>, Failure> {
@@ -433,11 +471,18 @@ fn print_tables(n: usize, turns: usize, v: &Value) {
         s(&format!("rps.{SESSIONS}.proxy")),
     );
     println!(
-        "exposed delay, {SESSIONS} sessions x {turns} turns (a file written; model latency log-normal, median {MEDIAN_TURN_S} s): \
-         held p50 {:.1} ms, p95 {:.1} ms over {} turns; {:.3}% of the turns' time",
-        s("held.p50") * 1e3,
-        s("held.p95") * 1e3,
-        v["held.turns"],
-        s("held.exposed_share") * 100.0,
+        "exposed delay, {SESSIONS} sessions x {turns} turns at once (model latency log-normal, median {MEDIAN_TURN_S} s):"
     );
+    for (w, what) in [
+        ("files", "a file written (files versions)"),
+        ("processes", "a file written, a process replaced (process versions)"),
+    ] {
+        println!(
+            "  {what}: held p50 {:.1} ms, p95 {:.1} ms over {} turns; {:.3}% of the turns' time",
+            s(&format!("held.{w}.p50")) * 1e3,
+            s(&format!("held.{w}.p95")) * 1e3,
+            v[format!("held.{w}.turns")],
+            s(&format!("held.{w}.exposed_share")) * 100.0,
+        );
+    }
 }
