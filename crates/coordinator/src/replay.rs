@@ -86,15 +86,17 @@ impl Log {
         self.cursors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cursor(&self, session: &str) -> Result<Cursor, CatalogError> {
-        if let Some(c) = self.cursors().get(session) {
-            return Ok(*c);
+    /// The session's cursor, loaded from the log's length the first time.
+    fn load(&self, session: &str) -> Result<(), CatalogError> {
+        if self.cursors().contains_key(session) {
+            return Ok(());
         }
         let len = self.catalog.exchanges_len(session)?;
-        Ok(*self.cursors().entry(session.to_owned()).or_insert(Cursor {
+        self.cursors().entry(session.to_owned()).or_insert(Cursor {
             next: len,
             replay_end: len,
-        }))
+        });
+        Ok(())
     }
 
     /// Session `session`'s agent, living in it, was taken back to
@@ -121,12 +123,15 @@ impl Log {
     /// A model call of `session` with hash `sha` arrives: its place, and
     /// whether it is answered from the log.
     pub fn meet(&self, session: &str, sha: &str) -> Result<Met, CatalogError> {
-        let c = self.cursor(session)?;
-        let seq = c.next;
-        self.cursors()
-            .entry(session.to_owned())
-            .and_modify(|c| c.next = c.next.max(seq + 1));
-        if seq >= c.replay_end {
+        self.load(session)?;
+        // One place per request, however many arrive at once.
+        let (seq, replay_end) = {
+            let mut all = self.cursors();
+            let c = all.get_mut(session).expect("loaded above");
+            c.next += 1;
+            (c.next - 1, c.replay_end)
+        };
+        if seq >= replay_end {
             return Ok(Met::Live { seq });
         }
         match self.catalog.exchange(session, seq)? {

@@ -39,6 +39,16 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
     let mut ooms: HashMap<String, u64> = HashMap::new();
     let mut tries: HashMap<String, (u64, u32)> = HashMap::new();
     let mut given_up: HashSet<String> = HashSet::new();
+    // Sessions a restarted drumsd recovered at its start (their processes
+    // died with the previous one): an agent outside has its commands since
+    // the version run again, as after a recovery by this watch.
+    if let Some(c) = c.upgrade() {
+        for (id, agent) in c.log.catalog().coordinated().unwrap_or_default() {
+            if agent.is_none() && c.manager.take_restored(&id).is_some() {
+                c.after_recovery(&id).await;
+            }
+        }
+    }
     loop {
         tick.tick().await;
         let Some(c) = c.upgrade() else {
@@ -51,6 +61,10 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
                 continue;
             }
         };
+        // What is kept of sessions that are gone goes too.
+        ooms.retain(|id, _| sessions.iter().any(|(s, _)| s == id));
+        tries.retain(|id, _| sessions.iter().any(|(s, _)| s == id));
+        given_up.retain(|id| sessions.iter().any(|(s, _)| s == id));
         for (id, _) in sessions {
             if given_up.contains(&id) {
                 continue;

@@ -487,6 +487,21 @@ async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
         r[3]
     );
     assert!(r[4].client_gone, "{:#?}", r[4]);
+    // The exchange log holds the answers given in full, at consecutive
+    // places; the others gave their place back.
+    let logged: Vec<(&str, Option<u64>)> = r.iter().map(|t| (t.log.as_str(), t.seq)).collect();
+    assert_eq!(
+        logged,
+        [
+            ("live", Some(0)),
+            ("none", None),
+            ("none", None),
+            ("none", None),
+            ("none", None),
+            ("live", Some(1))
+        ],
+        "{r:#?}"
+    );
 
     // From inside the session: known by its address, with nothing to set;
     // naming another session from there is refused.
@@ -510,6 +525,34 @@ async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
     let r = wait_records(&d, "agent", 7).await;
     assert_eq!(r[6].turn, Some(6), "{:#?}", r[6]);
     assert_eq!(r[6].session, "agent");
+
+    // The session is coordinated: its commands are logged. A malformed exec
+    // request is refused and logs nothing; the two above were logged, done.
+    let bad = d
+        .client
+        .call(
+            Method::POST,
+            "/v1/sessions/agent/exec",
+            Some(&serde_json::json!({"argv": 5})),
+        )
+        .await;
+    assert!(
+        matches!(bad, Err(drums_api::ClientError::Api { status: 400, .. })),
+        "{bad:?}"
+    );
+    let s: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/agent", None::<&()>)
+        .await
+        .unwrap();
+    let journal = drums_catalog::Catalog::open(&d.state.path().join("catalog.db")).unwrap();
+    let states: Vec<String> = journal
+        .commands(&s.id)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.state)
+        .collect();
+    assert_eq!(states, ["done", "done"]);
 
     d.rm("agent").await.unwrap();
     d.stop_and_check_leaks();

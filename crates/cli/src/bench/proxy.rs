@@ -182,23 +182,27 @@ async fn run(
     let plans: Vec<Vec<u64>> = (0..SESSIONS)
         .map(|_| (0..turns).map(|_| lognormal_ms(&mut rng)).collect())
         .collect();
-    let runs = live.iter().zip(&plans).enumerate().map(|(k, (s, plan))| async move {
-        let mut conn = Conn::open(at).await?;
-        for (i, ms) in plan.iter().enumerate() {
-            let work = match Work::of(k) {
-                Work::Files => format!("echo {i} > /root/turn"),
-                // The previous turn's process goes, a new one comes.
-                Work::Processes => format!(
-                    "echo {i} > /root/turn; kill $(cat /root/worker 2>/dev/null) 2>/dev/null; \
+    let runs = live
+        .iter()
+        .zip(&plans)
+        .enumerate()
+        .map(|(k, (s, plan))| async move {
+            let mut conn = Conn::open(at).await?;
+            for (i, ms) in plan.iter().enumerate() {
+                let work = match Work::of(k) {
+                    Work::Files => format!("echo {i} > /root/turn"),
+                    // The previous turn's process goes, a new one comes.
+                    Work::Processes => format!(
+                        "echo {i} > /root/turn; kill $(cat /root/worker 2>/dev/null) 2>/dev/null; \
                      sleep 100000 >/dev/null 2>&1 & echo $! > /root/worker"
-                ),
-            };
-            sh(c, s, &work).await?;
-            conn.ask("/v1/chat/completions", Some(&s.name), true, *ms)
-                .await?;
-        }
-        Ok::<(), Failure>(())
-    });
+                    ),
+                };
+                sh(c, s, &work).await?;
+                conn.ask("/v1/chat/completions", Some(&s.name), true, *ms)
+                    .await?;
+            }
+            Ok::<(), Failure>(())
+        });
     for r in futures::future::join_all(runs).await {
         r?;
     }
@@ -222,7 +226,10 @@ async fn run(
         let key = format!("held.{}", w.as_str());
         put(&mut out, &key, h);
         let sum: f64 = h.iter().sum();
-        out.insert(format!("{key}.exposed_share"), json!(sum / (upstream + sum)));
+        out.insert(
+            format!("{key}.exposed_share"),
+            json!(sum / (upstream + sum)),
+        );
         out.insert(format!("{key}.turns"), json!(h.len()));
     }
     if !as_json {
@@ -475,7 +482,10 @@ fn print_tables(n: usize, turns: usize, v: &Value) {
     );
     for (w, what) in [
         ("files", "a file written (files versions)"),
-        ("processes", "a file written, a process replaced (process versions)"),
+        (
+            "processes",
+            "a file written, a process replaced (process versions)",
+        ),
     ] {
         println!(
             "  {what}: held p50 {:.1} ms, p95 {:.1} ms over {} turns; {:.3}% of the turns' time",
