@@ -612,14 +612,21 @@ fn a_process_killed_during_a_dump_is_dumped_again() {
                 "nohup sleep 1000 >/dev/null 2>&1 </dev/null & echo started",
             );
             assert_eq!(code, 0, "{err}");
-            let victim = *d
-                .processes()
-                .iter()
-                .find(|p| {
+            // The shell returns once it forked; nohup then execs sleep.
+            let started = std::time::Instant::now();
+            let victim = loop {
+                let found = d.processes().into_iter().find(|p| {
                     std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default()
                         == b"sleep\x001000\x00"
-                })
-                .expect("the sleep runs");
+                });
+                match found {
+                    Some(p) => break p,
+                    None if started.elapsed() < std::time::Duration::from_secs(5) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    None => panic!("the sleep never ran"),
+                }
+            };
             let req = CreateCheckpoint {
                 session: s.id.clone(),
                 name: None,

@@ -269,6 +269,20 @@ async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn()
     // turn to end (recorded as the first), the one after ends a turn again.
     let o = d.drums(&["rollback", "agent"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The inspector's live stream carries the records too, until the
+    // session goes (a rollback ends it too: the inspector starts again).
+    let live = d
+        .client
+        .call(Method::GET, "/v1/sessions/agent/turns", None::<&()>)
+        .await
+        .unwrap();
+    let live = tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let body = live.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
     sdk(&prefixed, "chat", "m", "after the rollback", &[]);
     touch(&d, "agent", "after");
     sdk(&prefixed, "chat", "m", "and on", &[]);
@@ -285,6 +299,13 @@ async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn()
     );
 
     d.rm("agent").await.unwrap();
+    let lines = live.await.unwrap();
+    let streamed: Vec<CoordinatedTurn> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| serde_json::from_value(v.get("coordinated")?.clone()).ok())
+        .collect();
+    assert_eq!(streamed, r[n..n + 2], "{lines}");
     d.stop_and_check_leaks();
 }
 
