@@ -250,7 +250,7 @@ enum Work {
 impl Work {
     /// Every other session.
     fn of(session: usize) -> Work {
-        if session % 2 == 0 {
+        if session.is_multiple_of(2) {
             Work::Files
         } else {
             Work::Processes
