@@ -360,7 +360,11 @@ impl Coordinator {
         }
         let request_bytes = body.len() as u64;
         let stream = turn.is_some() && asks_stream(&body);
-        let sha = replay::request_sha(parts.method.as_str(), &path, &body);
+        // Only a session's model calls are logged, so only they are hashed.
+        let sha = turn
+            .as_ref()
+            .map(|_| replay::request_sha(parts.method.as_str(), &path, &body))
+            .unwrap_or_default();
         let up = up.body(Full::new(body)).expect("a valid request");
 
         let mut pending = turn.map(|s| {
