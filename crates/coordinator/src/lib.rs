@@ -731,9 +731,15 @@ impl Coordinator {
                 p.record.version = j.version;
             }
         }
-        // The exchange is logged before the agent has its answer's end: an
-        // agent taken back to this turn's version finds it.
-        self.keep_exchange(&mut p, gone);
+        // An exchange whose turn end became a version is logged before the
+        // agent has its answer's end: an agent taken back to that version
+        // finds it. Any other is logged after: one lost to a crash in
+        // between only ends a fast-forward there (it asks upstream).
+        let exchange = self.exchange_of(&mut p, gone);
+        let log_first = p.record.version.is_some();
+        if let (true, Some(x)) = (log_first, &exchange) {
+            self.write_exchange(&mut p, x);
+        }
         if let Some(seeking) = p.seeking.take() {
             let _ = seeking.await;
         }
@@ -763,6 +769,9 @@ impl Coordinator {
         }
         drop(handover);
         let _ = released.await;
+        if let (false, Some(x)) = (log_first, &exchange) {
+            self.write_exchange(&mut p, x);
+        }
         if let Some(v) = &p.record.version {
             p.record.version_bytes = self
                 .manager
@@ -782,34 +791,35 @@ impl Coordinator {
         }
     }
 
-    /// Log a model call answered in full; give its place back otherwise
-    /// (the agent asks again).
-    fn keep_exchange(&self, p: &mut Pending, gone: bool) {
-        let Some(met) = &p.met else {
-            return;
-        };
-        let seq = met.seq();
+    /// What of a model call is logged: the exchange if it was answered in
+    /// full; else nothing, and its place is given back at once (the agent
+    /// asks again, and must find the same place).
+    fn exchange_of(&self, p: &mut Pending, gone: bool) -> Option<Exchange> {
+        let seq = p.met.as_ref()?.seq();
         match p.answer.take() {
-            Some((status, headers, body)) if !gone && !p.broken => {
-                let x = Exchange {
-                    seq,
-                    request_sha: std::mem::take(&mut p.sha),
-                    status,
-                    headers,
-                    body,
-                    version: p.record.version.clone(),
-                };
-                if let Err(e) = self.log.keep(&p.session.id, &x) {
-                    warn!(session = %p.session.name, "log the exchange: {e}");
-                    self.log.give_back(&p.session.id, seq);
-                    p.record.log = "none".into();
-                }
-            }
+            Some((status, headers, body)) if !gone && !p.broken => Some(Exchange {
+                seq,
+                request_sha: std::mem::take(&mut p.sha),
+                status,
+                headers,
+                body,
+                version: p.record.version.clone(),
+            }),
             _ => {
                 self.log.give_back(&p.session.id, seq);
                 p.record.log = "none".into();
                 p.record.seq = None;
+                None
             }
+        }
+    }
+
+    fn write_exchange(&self, p: &mut Pending, x: &Exchange) {
+        let replayed = matches!(p.met, Some(replay::Met::Replayed { .. }));
+        if let Err(e) = self.log.keep(&p.session.id, x, replayed) {
+            // Its place stays taken: a fast-forward through it forks there.
+            warn!(session = %p.session.name, "log the exchange: {e}");
+            p.record.log = "none".into();
         }
     }
 }

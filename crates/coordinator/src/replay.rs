@@ -158,9 +158,9 @@ impl Log {
 
     /// Log an answered request (its replay too: the version its turn end
     /// became now, or the one it had).
-    pub fn keep(&self, session: &str, x: &Exchange) -> Result<(), CatalogError> {
+    pub fn keep(&self, session: &str, x: &Exchange, replayed: bool) -> Result<(), CatalogError> {
         let mut x = x.clone();
-        if x.version.is_none() {
+        if replayed && x.version.is_none() {
             x.version = self
                 .catalog
                 .exchange(session, x.seq)?
@@ -199,7 +199,7 @@ mod tests {
         {
             let sha = format!("r{i}");
             assert!(matches!(log.meet("s", &sha).unwrap(), Met::Live { seq } if seq == i as u64));
-            log.keep("s", &answer(i as u64, &sha, v)).unwrap();
+            log.keep("s", &answer(i as u64, &sha, v), false).unwrap();
         }
         // Back at v1: requests 1 and 2 come from the log, 3 differs.
         assert_eq!(log.restored("s", "v1").unwrap(), Some(1));
@@ -209,7 +209,7 @@ mod tests {
         ));
         // Its replay is logged again without a version of its own (the
         // first request after a restore ends no turn): it keeps v1.
-        log.keep("s", &answer(1, "r1", None)).unwrap();
+        log.keep("s", &answer(1, "r1", None), true).unwrap();
         assert_eq!(
             log.catalog().exchange_of_version("s", "v1").unwrap(),
             Some(1)

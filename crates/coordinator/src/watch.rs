@@ -3,8 +3,9 @@
 //! the OOM killer killed is recovered from its newest done version, under
 //! the same identity, and carries on (docs/coordinator.md, "Failures").
 //!
-//! It polls: a session's init and its OOM count are two small reads, and a
-//! tenth of a second is nothing next to a model's turn. A restarted drumsd
+//! It polls: a session's init and its OOM count are two small reads of
+//! `/proc` and the cgroup, and a tenth of a second is nothing next to a
+//! model's turn; the catalog is read only when one of them changed. A restarted drumsd
 //! recovers the sessions that died with the previous one at its start
 //! (`Manager::open`), and this watch takes over from the catalog's list.
 //!
@@ -23,6 +24,9 @@ use crate::Coordinator;
 
 /// How often sessions are looked at.
 const EVERY: Duration = Duration::from_millis(100);
+
+/// Ticks between reads of the list of coordinated sessions.
+const LIST_EVERY: u64 = 10;
 
 /// Recoveries in a row that fail, or that bring the session back to a
 /// failure before its agent got one more answer, before the watch gives
@@ -49,36 +53,60 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
             }
         }
     }
-    loop {
+    // Per session: its init as last seen (pid, start time), so that a tick
+    // reads /proc, not the catalog, while all is well.
+    let mut inits: HashMap<String, Option<(i32, u64)>> = HashMap::new();
+    let mut sessions: Vec<String> = Vec::new();
+    for n in 0u64.. {
         tick.tick().await;
         let Some(c) = c.upgrade() else {
             return;
         };
-        let sessions = match c.log.catalog().coordinated() {
-            Ok(s) => s,
-            Err(e) => {
-                warn!("watch: list coordinated sessions: {e}");
-                continue;
+        // The list from the journal once a second (a session's first model
+        // request adds it), and what is kept of sessions that are gone goes.
+        if n % LIST_EVERY == 0 {
+            match c.log.catalog().coordinated() {
+                Ok(l) => sessions = l.into_iter().map(|(id, _)| id).collect(),
+                Err(e) => warn!("watch: list coordinated sessions: {e}"),
             }
-        };
-        // What is kept of sessions that are gone goes too.
-        ooms.retain(|id, _| sessions.iter().any(|(s, _)| s == id));
-        tries.retain(|id, _| sessions.iter().any(|(s, _)| s == id));
-        given_up.retain(|id| sessions.iter().any(|(s, _)| s == id));
-        for (id, _) in sessions {
+            ooms.retain(|id, _| sessions.contains(id));
+            tries.retain(|id, _| sessions.contains(id));
+            given_up.retain(|id| sessions.contains(id));
+            inits.retain(|id, _| sessions.contains(id));
+        }
+        for id in sessions.clone() {
             if given_up.contains(&id) {
                 continue;
             }
-            let died = match c.manager.processes_died(&id) {
-                Ok(d) => d,
-                // Removed meanwhile, or being rebuilt (a rollback).
-                Err(_) => continue,
-            };
+            let init = *inits.entry(id.clone()).or_insert_with(|| {
+                let pid = c
+                    .manager
+                    .get(&id)
+                    .ok()
+                    .filter(|s| s.state == "running")?
+                    .init_pid?;
+                Some((pid, drums_session::process::start_time(pid)?))
+            });
+            let init_runs = init.is_some_and(|(pid, start)| {
+                drums_session::process::start_time(pid) == Some(start)
+                    && drums_session::process::alive(pid)
+            });
             let cg = drums_cgroup::Cgroup::open(&c.manager.config().cgroup_parent, &id);
             let killed = cg.oom_kills().unwrap_or(0);
             let seen = *ooms.entry(id.clone()).or_insert(killed);
+            if init_runs && killed <= seen {
+                continue;
+            }
+            // Something changed: the catalog says what.
+            inits.remove(&id);
+            let died = match c.manager.processes_died(&id) {
+                Ok(d) => d,
+                // Removed meanwhile.
+                Err(_) => continue,
+            };
             let oom = !died && killed > seen;
             if !died && !oom {
+                // Rebuilt (a rollback), or starting: its init is read again.
                 continue;
             }
             let why = if died {
