@@ -16,8 +16,8 @@
 //! - Exposed delay: 16 sessions at once each run `turns` turns (work in the
 //!   session, then a streamed answer whose latency follows a log-normal with
 //!   Crab's median of 3.34 s); half the sessions' work writes a file (files
-//!   versions), the other half's also replaces a process (process
-//!   versions). The time each answer's end was held for its version, from
+//!   versions), the other half's also replaces a process (versions with a
+//!   CRIU dump of the session). The time each answer's end was held for its version, from
 //!   drumsd's records, and its share of the turns' time.
 //!
 //! JSON keys, seconds: `plain.{direct,proxy}.{p50,p95}`, `plain.added.p50`
@@ -170,8 +170,8 @@ async fn run(
 
     // Exposed delay: real turns, model latencies drawn from a log-normal
     // around Crab's median. Half the sessions' turns write a file (a files
-    // version, milliseconds), the other half's also start a process (a
-    // process version, a CRIU dump of the session); both run at once, so
+    // version, milliseconds), the other half's also replace a process (a
+    // version with a CRIU dump of the session); both run at once, so
     // they share the engine as agents would.
     progress("exposed delay");
     let mut before = Vec::new();
@@ -484,7 +484,7 @@ fn print_tables(n: usize, turns: usize, v: &Value) {
         ("files", "a file written (files versions)"),
         (
             "processes",
-            "a file written, a process replaced (process versions)",
+            "a file written, a process replaced (versions with a CRIU dump)",
         ),
     ] {
         println!(
