@@ -243,7 +243,7 @@ async fn run(
 enum Work {
     /// Write a file: a files version.
     Files = 0,
-    /// Write a file and replace a process: a process version.
+    /// Write a file and replace a process: a version with a CRIU dump.
     Processes = 1,
 }
 
