@@ -511,8 +511,19 @@ impl Manager {
             .filter(|v| !drums_catalog::IN_FLIGHT.contains(&v.state.as_str()))
             .collect();
         let cut = finished.len().saturating_sub(DEFAULT_KEEP);
+        // A session with an agent living in it is recovered from its newest
+        // version that dumped its processes itself (see `recover_record`):
+        // that one stays, however many files versions came after it.
+        let own = match self.catalog.agent_of(session_id)? {
+            Some(_) => finished
+                .iter()
+                .rev()
+                .find(|v| v.state == "done" && v.process_of.as_deref() == Some(v.id.as_str()))
+                .map(|v| v.id.clone()),
+            None => None,
+        };
         for v in &finished[..cut] {
-            if v.pinned || at.as_deref() == Some(&v.id) {
+            if v.pinned || at.as_deref() == Some(&v.id) || own.as_deref() == Some(&v.id) {
                 continue;
             }
             self.drop_version(v).await?;

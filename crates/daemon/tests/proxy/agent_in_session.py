@@ -22,8 +22,10 @@ import time
 
 BASE, TURNS = sys.argv[1], int(sys.argv[2])
 WORK = "/root/work"
-SPAWN = {4, 9, 14}
-STOP = {12: 4}
+# A long stretch of turns that only write files (more than retention's 8
+# versions) between the processes started on turns 1 and 14.
+SPAWN = {1, 14, 16}
+STOP = {17: 1}
 
 
 def ask(messages):
