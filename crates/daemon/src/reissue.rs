@@ -8,7 +8,7 @@
 //! and its output joins what the caller already has: the bytes it had on
 //! each stream must come again first, and only the rest goes on. A command
 //! whose output differs the second time (not deterministic, or its effects
-//! outside the session differ) ends the stream with an error rather than
+//! outside the session differ) breaks the stream off (drumsd logs why) rather than
 //! hand the caller a mix of two runs.
 
 use std::sync::Arc;

@@ -988,6 +988,46 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
     );
     assert!(log.contains("adopting a live session"), "{log}");
 
+    // A command in the session that answers differently the second time
+    // (as hostile or nondeterministic code would): its re-issue after a
+    // failure does not hand the caller a mix of two runs but a broken
+    // stream, and the command is logged `diverged`.
+    let state = d.state.path().to_owned();
+    let run = tokio::task::spawn_blocking(move || {
+        exec_in(
+            &state,
+            "faulty",
+            "head -c 8 /dev/urandom | od -An -tx1; sleep 3; echo end",
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
+        .await
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(now.init_pid.unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let (code, out, err) = run.await.unwrap();
+    assert_ne!(code, 0, "{out}");
+    // A stream cut short carries no message: the caller sees it broken,
+    // drumsd's log says why.
+    assert!(
+        !out.contains("end") && err.contains("stream broke"),
+        "{out}\n{err}"
+    );
+    assert!(
+        d.log().contains("differs from what the caller had"),
+        "{}",
+        d.log()
+    );
+    let journal = drums_catalog::Catalog::open(&d.state.path().join("catalog.db")).unwrap();
+    let last = journal.commands(&faulty.id).unwrap().pop().unwrap();
+    assert_eq!(last.state, "diverged", "{last:?}");
+
     for s in ["clean", "faulty"] {
         d.rm(s).await.unwrap();
     }
