@@ -7,11 +7,13 @@
 
 pub mod client;
 pub mod cpus;
+pub mod exec;
 pub mod size;
 pub mod types;
 
 pub use client::{Client, ClientError};
 pub use cpus::{check_cpus, parse_cpus, CpusError, MIN_CPUS};
+pub use exec::{exec, ExecError, Stream};
 pub use size::{parse_size, SizeError};
 pub use types::*;
 

@@ -3,11 +3,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use base64::Engine;
 use bytes::Bytes;
-use drums_api::{
-    Client, CreateSession, ExecFrame, ExecRequest, ImageList, Limits, Session, SessionList,
-};
+use drums_api::{Client, CreateSession, ExecRequest, ImageList, Limits, Session, SessionList};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 
@@ -101,56 +98,26 @@ pub async fn run_exec(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<i32, Failure> {
-    let resp = c
-        .call(
-            Method::POST,
-            &format!("/v1/sessions/{}/exec", enc(session)),
-            Some(req),
-        )
-        .await?;
-    let mut body = resp.into_body();
-    let mut buf: Vec<u8> = Vec::new();
-    let b64 = base64::engine::general_purpose::STANDARD;
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => return Err(exec_broke(c, session, format!("exec stream broke: {e}")).await),
+    let st = drums_api::exec(c, session, req, |stream, bytes| {
+        let w: &mut dyn Write = match stream {
+            drums_api::Stream::Stderr => &mut *err,
+            drums_api::Stream::Stdout => &mut *out,
         };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=nl).collect();
-            let f: ExecFrame = serde_json::from_slice(&line)
-                .map_err(|e| Failure::new(exit::INTERNAL, format!("unreadable exec frame: {e}")))?;
-            match f {
-                ExecFrame::Output { stream, data } => {
-                    let bytes = b64.decode(data).map_err(|e| {
-                        Failure::new(exit::INTERNAL, format!("exec frame data: {e}"))
-                    })?;
-                    let w: &mut dyn Write = if stream == "stderr" { err } else { out };
-                    let _ = w.write_all(&bytes).and_then(|_| w.flush());
-                }
-                ExecFrame::Exit { exit: st } => {
-                    return Ok(if st.timed_out {
-                        let _ = writeln!(err, "drums: command timed out and was killed");
-                        exit::TIMED_OUT
-                    } else if let Some(code) = st.code {
-                        code
-                    } else {
-                        128 + st.signal.unwrap_or(0)
-                    });
-                }
-            }
+        let _ = w.write_all(bytes).and_then(|_| w.flush());
+    })
+    .await;
+    match st {
+        Ok(st) if st.timed_out => {
+            let _ = writeln!(err, "drums: command timed out and was killed");
+            Ok(exit::TIMED_OUT)
         }
+        Ok(st) => Ok(st.code.unwrap_or_else(|| 128 + st.signal.unwrap_or(0))),
+        Err(drums_api::ExecError::Start { source, .. }) => Err(source.into()),
+        Err(drums_api::ExecError::Broke { why, .. }) => {
+            Err(exec_broke(c, session, format!("exec stream broke: {why}")).await)
+        }
+        Err(e) => Err(anyhow::Error::new(e).into()),
     }
-    Err(exec_broke(
-        c,
-        session,
-        "exec stream ended without an exit status".into(),
-    )
-    .await)
 }
 
 /// Why an exec's output stream broke or ended early: most often the session
@@ -265,17 +232,7 @@ fn basename(p: &str) -> String {
 }
 
 /// Percent-encode a query or path component.
-pub fn enc(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub use drums_api::exec::enc;
 
 pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
     let l: SessionList = c.json(Method::GET, "/v1/sessions", None::<&()>).await?;
