@@ -56,15 +56,19 @@ impl Manager {
         let ids = (!spec.privileged).then_some(crate::ids::POOL);
         // Reserves the name, the address and the id range atomically.
         let rec = self.catalog.insert_session(rec, pool, ids)?;
-        let built = self.build(&rec, &spec, &image.rootfs).await;
+        let built = self.build(&rec, &spec, &image.rootfs, None).await;
         self.settle(&rec, built).await
     }
 
-    async fn build(
+    /// Build the session of `rec` cold: its upper layer empty, or (`files`)
+    /// a snapshot of a files-only version's files, which is how such a
+    /// version comes back (docs/engine.md).
+    pub(crate) async fn build(
         &self,
         rec: &SessionRecord,
         spec: &Spec,
         lower: &Path,
+        files: Option<&Path>,
     ) -> Result<i32, SessionError> {
         let id = &rec.id;
         let record = |kind, key: &str| self.catalog.record(id, kind, key);
@@ -80,13 +84,29 @@ impl Manager {
         let sv2 = sv.clone();
         // Born in the sessions' qgroup with its own quota: never unlimited.
         let inherit = drums_store::QgroupInherit::session(spec.limits.disk_bytes);
-        tokio::task::spawn_blocking(move || drums_store::create_subvolume_with(&sv2, &inherit))
-            .await
-            .expect("no panic")?;
-        for d in ["upper", "work"] {
-            std::fs::create_dir(sv.join(d)).map_err(io("create", sv.join(d)))?;
+        match files {
+            // The version's upper and work directories, owned as the session
+            // that took it owned them (the same identity, so the same ids).
+            Some(src) => {
+                let src = src.to_owned();
+                tokio::task::spawn_blocking(move || {
+                    drums_store::snapshot_with(&src, &sv2, false, &inherit)
+                })
+                .await
+                .expect("no panic")?;
+            }
+            None => {
+                tokio::task::spawn_blocking(move || {
+                    drums_store::create_subvolume_with(&sv2, &inherit)
+                })
+                .await
+                .expect("no panic")?;
+                for d in ["upper", "work"] {
+                    std::fs::create_dir(sv.join(d)).map_err(io("create", sv.join(d)))?;
+                }
+                crate::ids::own_upper(&sv.join("upper"), rec.id_base)?;
+            }
         }
-        crate::ids::own_upper(&sv.join("upper"), rec.id_base)?;
 
         self.faults.check("create.cgroup")?;
         record(

@@ -107,6 +107,41 @@ pub fn validate_name_of(what: &str, name: &str) -> Result<(), SessionError> {
 }
 
 impl Spec {
+    /// The spec of the session a files-only version was taken of, for its
+    /// cold start on those files: same image, limits, network and
+    /// confinement. A desktop's screen and page are not in a manifest, so a
+    /// desktop session's files-only version does not start cold.
+    pub(crate) fn of_version(
+        s: &drums_checkpoint::SourceSession,
+        limits: Limits,
+    ) -> Result<Spec, SessionError> {
+        if s.profile != "headless" {
+            return Err(SessionError::Conflict(format!(
+                "a files-only version of a {} session cannot start cold (its desktop's options are not recorded)",
+                s.profile
+            )));
+        }
+        let network = match s.network.as_str() {
+            "bridge" => Network::Bridge,
+            "none" => Network::None,
+            other => {
+                return Err(SessionError::Invalid(format!(
+                    "the version's manifest names an unknown network {other:?}"
+                )))
+            }
+        };
+        Ok(Spec {
+            name: Some(s.name.clone()),
+            profile: s.profile.clone(),
+            image: s.image.clone(),
+            limits,
+            network,
+            egress: Egress::parse(&s.egress)?,
+            desktop: None,
+            privileged: s.privileged,
+        })
+    }
+
     /// Validate `req`; limits it does not name come from `policy`'s defaults.
     pub fn from_request(req: &CreateSession, policy: &LimitPolicy) -> Result<Spec, SessionError> {
         if let Some(n) = &req.name {

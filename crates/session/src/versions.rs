@@ -304,6 +304,41 @@ impl Manager {
         Ok(effects)
     }
 
+    /// The first version of a session that has none, taken as its agent's
+    /// first model request arrives: what a failure before any turn
+    /// changed something recovers to (the task's files and processes as
+    /// the agent found them). Returns its job, or none if the session has
+    /// a version already or `policy` takes none.
+    pub async fn base_version(
+        self: &Arc<Self>,
+        id_or_name: &str,
+        policy: Policy,
+    ) -> Result<Option<String>, SessionError> {
+        let wanted = match policy {
+            Policy::Off => return Ok(None),
+            Policy::Files => Took::Files,
+            Policy::Selective | Policy::Full => Took::Full,
+        };
+        let rec = self.record(id_or_name)?;
+        if !self.catalog.session_versions(&rec.id)?.is_empty() {
+            return Ok(None);
+        }
+        let job = VersionJob {
+            manager: Arc::downgrade(self),
+            session_id: rec.id.clone(),
+            turn: None,
+            class: "base".into(),
+            policy,
+            wanted,
+            changed: Changed::default(),
+            name: None,
+            clean: false,
+            leave_running: true,
+        };
+        let submitted = self.engine.submit(job, Priority::Normal).await?;
+        Ok(Some(submitted.id.to_string()))
+    }
+
     fn api_version(&self, id: &str) -> Result<SessionVersion, SessionError> {
         let v = self
             .catalog
@@ -649,12 +684,14 @@ impl Manager {
                 v.state == "done"
                     && match &v.process_of {
                         Some(p) => !agent || p == &v.id,
-                        None => false,
+                        // A files-only version (the files policy) starts
+                        // cold on its files, which would lose such an agent.
+                        None => !agent,
                     }
             })
             .ok_or_else(|| {
                 SessionError::Conflict(format!(
-                    "session {} has no done version with processes to recover from",
+                    "session {} has no done version to recover from",
                     rec.name
                 ))
             })?;
@@ -682,7 +719,12 @@ impl Manager {
                 source,
             })?;
         let lower = self.images.get(&m.session.image)?.rootfs;
-        crate::restore::process_artifact(&m)?;
+        // A files-only version (the files policy) has no processes: the
+        // session starts cold on its files, as after a reboot.
+        let cold = match m.process_of() {
+            Some(_) => None,
+            None => Some(crate::spec::Spec::of_version(&m.session, limits.clone())?),
+        };
         let t0 = Instant::now();
         self.catalog.set_session_state(&rec.id, "creating", None)?;
         self.forget_turns(&rec.name);
@@ -692,13 +734,20 @@ impl Manager {
         // A live session's firewall port stays: the rebuilt one has the same
         // veth name, MAC and address. A dead one's may be gone with the
         // daemon that listed it.
-        let keep_port = what == InPlace::Rollback;
+        // (A cold start builds its network afresh, as a create does.)
+        let keep_port = what == InPlace::Rollback && cold.is_none();
         if keep_port {
             teardown::remove_owned_keeping_port(self, &rec.id).await?;
         } else {
             teardown::remove_owned(self, &rec.id).await?;
         }
-        let built = self.rebuild(rec, &m, &limits, &lower, keep_port).await;
+        let built = match &cold {
+            None => self.rebuild(rec, &m, &limits, &lower, keep_port).await,
+            Some(spec) => {
+                let files = self.checkpoint_snapshot(m.files_of());
+                self.build(rec, spec, &lower, Some(&files)).await
+            }
+        };
         let failed = built.is_err();
         let settled = self.settle(rec, built).await;
         // Before dropping versions below, which takes their locks alone.
