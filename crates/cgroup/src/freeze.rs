@@ -147,6 +147,29 @@ impl Drop for Frozen<'_> {
 }
 
 impl Cgroup {
+    /// Thaw the cgroup if either freezer holds it: a drumsd killed while a
+    /// checkpoint had its session frozen leaves it so, and the next one
+    /// adopts the session. Returns whether it was frozen.
+    pub fn thaw_if_frozen(&self) -> Result<bool, CgroupError> {
+        let mut was = false;
+        for (kind, dir) in &self.dirs {
+            let (control, how, thawed) = match kind {
+                k if k.is_v2() => (dir.join("cgroup.freeze"), FreezeMethod::V2, "0"),
+                Kind::Freezer => (dir.join("freezer.state"), FreezeMethod::V1, "THAWED"),
+                _ => continue,
+            };
+            let state = std::fs::read_to_string(&control).map_err(|source| CgroupError::Read {
+                path: control.clone(),
+                source,
+            })?;
+            if state.trim() != thawed {
+                was = true;
+                thaw(how, &control)?;
+            }
+        }
+        Ok(was)
+    }
+
     /// Freeze every process of the cgroup (and of its descendants) with `how`,
     /// waiting at most [`FREEZE_TIMEOUT`] until the kernel reports it frozen.
     /// On a timeout the cgroup is thawed again and the error names it.

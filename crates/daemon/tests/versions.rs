@@ -486,6 +486,25 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
             "{point}: the live session was adopted"
         );
     }
+    // A daemon killed between the freeze and the thaw of a files artifact
+    // leaves the session frozen: the next one thaws it as it adopts it.
+    let freeze = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|root| {
+            std::path::Path::new(root)
+                .join(&d.cgroup_parent)
+                .join(s.id.as_str())
+                .join("cgroup.freeze")
+        })
+        .find(|p| p.exists())
+        .expect("the session's v2 cgroup");
+    std::fs::write(&freeze, "1").unwrap();
+    d.kill9();
+    d.restart(&subnet);
+    assert_eq!(std::fs::read_to_string(&freeze).unwrap().trim(), "0");
+    assert!(d
+        .log()
+        .contains("thawed: the previous daemon left it frozen"));
     // The server counted every inc: 1 in turn 2, and one per held turn.
     assert_eq!(ask(&d, "life", "get"), "3");
 

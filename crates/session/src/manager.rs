@@ -400,6 +400,15 @@ impl Manager {
         for s in sessions {
             if self.live_init(&s).is_some() {
                 info!(session = %s.id, name = %s.name, "adopting a live session left by a previous daemon");
+                // Killed in the middle of a checkpoint, that daemon may have
+                // left the session frozen.
+                match drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &s.id).thaw_if_frozen() {
+                    Ok(true) => {
+                        info!(session = %s.id, "thawed: the previous daemon left it frozen")
+                    }
+                    Ok(false) => {}
+                    Err(e) => warn!(session = %s.id, "sweep: thaw: {e}"),
+                }
                 found.adopted.push(s);
                 continue;
             }
