@@ -646,6 +646,10 @@ pub struct CoordinatedTurn {
     /// (nothing to end), `concurrent` (not a boundary), or `error` (the
     /// turn could not be ended; see `error`).
     pub decision: String,
+    /// The inspector's class of the turn this request ended (absent in
+    /// records older than the field).
+    #[serde(default)]
+    pub class: Option<TurnClass>,
     pub job: Option<String>,
     /// The durable version, once the job is done.
     pub version: Option<String>,

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use drums_api::{CoordinatedTurn, EndTurn, Session};
+use drums_api::{CoordinatedTurn, EndTurn, Policy, Session};
 use drums_catalog::{Catalog, Exchange};
 use drums_inspect::InspectError;
 use drums_session::{Manager, SessionError};
@@ -88,6 +88,8 @@ pub enum Listener {
 pub struct Coordinator {
     manager: Arc<Manager>,
     upstreams: Upstreams,
+    /// What each turn's end takes (drumsd's `--turn-policy`).
+    policy: Policy,
     client: upstream::HttpsClient,
     turns: turns::Turns,
     log: replay::Log,
@@ -164,6 +166,13 @@ fn now_ms() -> i64 {
 type Answer = (u16, Vec<(String, String)>, Vec<u8>);
 
 /// What the pump needs to finish a turn request.
+/// What a request's arrival ended: the session's turn, or nothing (its
+/// first request, with the job of its base version if one was taken).
+enum Ending {
+    Turn(Box<drums_api::TurnEffects>),
+    First(Option<String>),
+}
+
 struct Pending {
     session: Session,
     /// How the request met the session's exchange log, and its hash.
@@ -180,18 +189,19 @@ struct Pending {
     /// The turn's end: its effects, or none if no turn was open after all
     /// (the session was rolled back or recovered since, which starts its
     /// turns again).
-    ending: Option<tokio::task::JoinHandle<Result<Option<drums_api::TurnEffects>, String>>>,
+    ending: Option<tokio::task::JoinHandle<Result<Ending, String>>>,
     record: CoordinatedTurn,
     started: Instant,
 }
 
 impl Coordinator {
     /// `catalog` is the coordinator's own connection to drumsd's catalog,
-    /// for its journal.
+    /// for its journal; `policy` is what each turn's end takes.
     pub fn new(
         manager: Arc<Manager>,
         upstreams: Upstreams,
         catalog: Arc<Catalog>,
+        policy: Policy,
     ) -> std::io::Result<Arc<Coordinator>> {
         match catalog.interrupt_running_commands() {
             Ok(0) => {}
@@ -201,6 +211,7 @@ impl Coordinator {
         Ok(Arc::new(Coordinator {
             manager,
             upstreams,
+            policy,
             client: upstream::client()?,
             turns: turns::Turns::default(),
             log: replay::Log::new(catalog),
@@ -461,6 +472,59 @@ impl Coordinator {
     /// A model call of session `s` arrives: what it is for the session's
     /// turns, its place in the exchange log, and (its first) the search for
     /// the agent that sent it.
+    /// Ends the session's turn and submits its version, while the request
+    /// goes upstream.
+    fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+        let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
+        let handover = self.turns.handover(&s.id);
+        tokio::spawn(async move {
+            // After the begin of the turn this ends.
+            let _h = handover.lock_owned().await;
+            m.end_turn(
+                &id,
+                &EndTurn {
+                    checkpoint: true,
+                    policy: Some(policy),
+                    wait: false,
+                },
+            )
+            .await
+            .map(|e| Ending::Turn(Box::new(e)))
+            .or_else(|e| match e {
+                SessionError::Inspect(InspectError::NoTurn(_)) => Ok(Ending::First(None)),
+                e => Err(drums_session::error_chain(&e)),
+            })
+        })
+    }
+
+    /// A session's first request: if it has no version yet, its first turn
+    /// begins now and its base version is taken (so that a failure before
+    /// any turn changed something has a version to recover to), while the
+    /// request goes upstream. The turn begun first makes the version's dump
+    /// a boundary the inspector knows (docs/inspector.md).
+    fn base(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+        let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
+        let handover = self.turns.handover(&s.id);
+        tokio::spawn(async move {
+            let _h = handover.lock_owned().await;
+            let none = m
+                .session_versions(&id)
+                .map(|v| v.is_empty())
+                .unwrap_or(false);
+            if policy == Policy::Off || !none {
+                return Ok(Ending::First(None));
+            }
+            match m.turn_begin(&id) {
+                Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
+                Err(e) => return Err(drums_session::error_chain(&e)),
+            }
+            m.base_version(&id, policy)
+                .await
+                .map(Ending::First)
+                .map_err(|e| drums_session::error_chain(&e))
+        })
+    }
+
     fn begin(self: &Arc<Self>, s: Session, b: Begin) -> Pending {
         // Taken back to a version since its last request: its turns start
         // again, and an agent living in it is fast-forwarded from there.
@@ -482,28 +546,11 @@ impl Coordinator {
             }
         }
         let boundary = self.turns.enter(&s.id);
-        let ending = (boundary == Boundary::End).then(|| {
-            let (m, id) = (self.manager.clone(), s.id.clone());
-            let handover = self.turns.handover(&s.id);
-            tokio::spawn(async move {
-                // After the begin of the turn this ends.
-                let _h = handover.lock_owned().await;
-                m.end_turn(
-                    &id,
-                    &EndTurn {
-                        checkpoint: true,
-                        policy: None,
-                        wait: false,
-                    },
-                )
-                .await
-                .map(Some)
-                .or_else(|e| match e {
-                    SessionError::Inspect(InspectError::NoTurn(_)) => Ok(None),
-                    e => Err(drums_session::error_chain(&e)),
-                })
-            })
-        });
+        let ending = match boundary {
+            Boundary::End => Some(self.end_turn(&s)),
+            Boundary::First => Some(self.base(&s)),
+            Boundary::Concurrent => None,
+        };
         let met = match self.log.meet(&s.id, &b.sha) {
             Ok(m) => {
                 if let replay::Met::Forked { seq, branch } = &m {
@@ -536,6 +583,7 @@ impl Coordinator {
                     Boundary::Concurrent => "concurrent",
                 }
                 .into(),
+                class: None,
                 job: None,
                 version: None,
                 version_bytes: None,
@@ -697,9 +745,13 @@ impl Coordinator {
         p.record.client_gone = gone;
         if let Some(ending) = p.ending.take() {
             match ending.await {
-                Ok(Ok(None)) => p.record.decision = "first".into(),
-                Ok(Ok(Some(effects))) => {
+                Ok(Ok(Ending::First(job))) => {
+                    p.record.decision = if job.is_some() { "base" } else { "first" }.into();
+                    p.record.job = job;
+                }
+                Ok(Ok(Ending::Turn(effects))) => {
                     p.record.turn = Some(effects.turn);
+                    p.record.class = Some(effects.class);
                     if let Some(ck) = effects.checkpoint {
                         p.record.decision = ck.decision;
                         p.record.job = ck.job;

@@ -96,6 +96,12 @@ pub struct DaemonArgs {
     /// /etc/resolv.conf that sessions can reach (not loopback).
     #[arg(long = "dns", value_name = "ADDR")]
     pub dns: Vec<std::net::Ipv4Addr>,
+    /// What the end of each turn the LLM proxy sees takes: `selective` (as
+    /// the inspector's class says), `full` (files and processes every
+    /// turn), `files` (files only, every turn) or `off` (nothing). See
+    /// docs/engine.md; `drums eval` runs one drumsd per policy.
+    #[arg(long, default_value = "selective", value_name = "POLICY")]
+    pub turn_policy: drums_api::Policy,
     /// Parent cgroup of every session's cgroup.
     #[arg(long, default_value = "drums")]
     pub cgroup_parent: String,

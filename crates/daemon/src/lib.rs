@@ -84,9 +84,13 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let upstreams = drums_coordinator::Upstreams::parse(&args.llm_upstreams)?;
     let journal = drums_catalog::Catalog::open_for_journal(&cfg.state_dir.join("catalog.db"))
         .context("the coordinator's journal")?;
-    let coordinator =
-        drums_coordinator::Coordinator::new(manager.clone(), upstreams, Arc::new(journal))
-            .context("the LLM proxy's upstream client")?;
+    let coordinator = drums_coordinator::Coordinator::new(
+        manager.clone(),
+        upstreams,
+        Arc::new(journal),
+        args.turn_policy,
+    )
+    .context("the LLM proxy's upstream client")?;
     let watch = coordinator.spawn_watch();
     let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
     let mut proxies = Vec::new();

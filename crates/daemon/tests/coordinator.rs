@@ -228,7 +228,14 @@ async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn()
 
     let r = wait_records(&d, "agent", n).await;
     assert_eq!(r.len(), n, "{r:#?}");
-    assert_eq!(r[0].decision, "first", "{:#?}", r[0]);
+    // The first request takes the session's base version: what a failure
+    // before any turn changed something recovers to.
+    assert_eq!(r[0].decision, "base", "{:#?}", r[0]);
+    assert!(
+        r[0].version.is_some() && r[0].error.is_none(),
+        "{:#?}",
+        r[0]
+    );
     for (i, t) in r.iter().enumerate() {
         let kind = KINDS[i / 2];
         assert_eq!(t.status, 200, "{t:#?}");
@@ -254,8 +261,9 @@ async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn()
         .json(Method::GET, "/v1/sessions/agent/versions", None::<&()>)
         .await
         .unwrap();
-    // One version per ended turn, the newest kept by retention.
-    let kept = (n - 1).min(drums_session::versions::DEFAULT_KEEP);
+    // The base and one version per ended turn, the newest kept by
+    // retention.
+    let kept = n.min(drums_session::versions::DEFAULT_KEEP);
     assert_eq!(v.versions.len(), kept);
     let newest: Vec<_> = r[n - kept..]
         .iter()
