@@ -28,7 +28,8 @@ fi
 # libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
 # Desktop tests on the host (the screen and OSWorld crates drive a real X
 # server): xvfb xdotool wmctrl x11-xserver-utils ffmpeg; python3-venv for the
-# OSWorld client's virtualenv.
+# OSWorld client's virtualenv. fonts-dejavu-core: the font `drums eval` draws
+# its figures' text with.
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -38,6 +39,7 @@ packages=(
   clang llvm libelf-dev zlib1g-dev bpftool
   libseccomp-dev
   xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
+  fonts-dejavu-core
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -145,4 +147,6 @@ log "building the default image (debootstrap; cached after the first run)"
 "$here/target/release/drumsd" --state-dir "$state" image build default --mirror "$(mirror_uri)"
 log "building the desktop image (debootstrap + pip; cached after the first run)"
 "$here/target/release/drumsd" --state-dir "$state" image build desktop --mirror "$(mirror_uri)"
+log "building the agent image (debootstrap + the openai SDK; cached after the first run)"
+"$here/target/release/drumsd" --state-dir "$state" image build agent --mirror "$(mirror_uri)"
 log "ready"

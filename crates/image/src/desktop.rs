@@ -160,7 +160,7 @@ fn log_to(log: &Path) -> Result<(fs::File, fs::File), ImageError> {
 /// for this machine's package index (proxy, certificate authority), then
 /// installs them inside the tree from that directory alone. The image gets
 /// the packages and none of the host's pip configuration.
-fn install_pip(rootfs: &Path, pip: &[String], log: &Path) -> Result<(), ImageError> {
+pub(crate) fn install_pip(rootfs: &Path, pip: &[String], log: &Path) -> Result<(), ImageError> {
     let dir_in_tree = "tmp/drums-pip";
     let dir = rootfs.join(dir_in_tree);
     fs::create_dir_all(&dir).ctx("create directory", &dir)?;

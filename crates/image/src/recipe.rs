@@ -113,13 +113,41 @@ impl Recipe {
         r
     }
 
+    /// The headless set plus the official `openai` Python SDK and what it
+    /// needs, pinned: the image of `drums eval`'s agent that lives in its
+    /// session (docs/eval.md). Debian packages none of them.
+    pub fn agent() -> Recipe {
+        let mut r = Recipe::headless();
+        r.pip = [
+            "openai==3.57.0",
+            "anyio==4.16.0",
+            "httpx2==2.16.2",
+            "httpcore2==2.16.2",
+            "h11==0.16.0",
+            "truststore==0.10.5",
+            "idna==3.20",
+            "jiter==0.19.0",
+            "pydantic==2.14.4",
+            "pydantic_core==2.50.5",
+            "annotated-types==0.8.0",
+            "typing-inspection==0.4.5",
+            "typing_extensions==4.16.0",
+            "sniffio==1.3.1",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        r
+    }
+
     /// The recipe an image of this name is built from: `desktop` is the
-    /// desktop profile's image, every other name the headless one.
+    /// desktop profile's image, `agent` the eval's agent image, every other
+    /// name the headless one.
     pub fn for_image(name: &str) -> Recipe {
-        if name == "desktop" {
-            Recipe::desktop()
-        } else {
-            Recipe::headless()
+        match name {
+            "desktop" => Recipe::desktop(),
+            "agent" => Recipe::agent(),
+            _ => Recipe::headless(),
         }
     }
 

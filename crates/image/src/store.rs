@@ -285,11 +285,8 @@ impl ImageStore {
             progress("applying the desktop layer (user, google-chrome, pip packages)");
             crate::desktop::apply(&rootfs, &recipe.pip, &log)?;
         } else if !recipe.pip.is_empty() {
-            return Err(ImageError::InvalidRecipe {
-                field: "pip",
-                value: recipe.pip.join(" "),
-                reason: "pip packages are only installed with the desktop layer",
-            });
+            progress("installing the pinned pip packages");
+            crate::desktop::install_pip(&rootfs, &recipe.pip, &log)?;
         }
 
         progress("customizing rootfs");
