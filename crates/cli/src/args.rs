@@ -139,6 +139,11 @@ pub enum Command {
     /// Benchmarks that print the same tables every time.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The evaluation of selective checkpointing (docs/eval.md): traces
+    /// replayed by agents through the coordinator under five recovery
+    /// strategies and seeded faults, and many sessions at once; writes
+    /// results.json, summary.md and figures. Runs drumsds of its own.
+    Eval(EvalArgs),
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +298,51 @@ pub enum TurnCommand {
     Agent { session: String, pid: i32 },
     /// Stop inspecting the session.
     Stop { session: String },
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Minutes, not an hour: 8 traces for the strategies, a short fixed
+    /// model latency, 2 faults per run, densities 1 and 4.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where results.json, summary.md and the figures go.
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Seeds the fault plans (and a sampled latency).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The model's time per turn: `trace` (the traces' own), `trace*F`,
+    /// `fixed:MS` or `sampled` (from the corpus, by the seed).
+    #[arg(long)]
+    pub latency: Option<drums_eval::Latency>,
+    /// Traces run at once (each worker runs its own drumsd).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Runs of each trace per strategy, each with its own fault plan.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Faults per run.
+    #[arg(long)]
+    pub faults: Option<usize>,
+    /// Only this strategy (repeatable): chat-only, chat+files, full,
+    /// selective, restart.
+    #[arg(long = "strategy")]
+    pub strategies: Vec<drums_eval::Strategy>,
+    /// Only this trace (repeatable).
+    #[arg(long = "trace")]
+    pub traces: Vec<String>,
+    /// Densities, comma-separated; 0 probes the host's highest; empty
+    /// (`--density ''`) skips density.
+    #[arg(long = "density", value_delimiter = ',')]
+    pub densities: Option<Vec<String>>,
+    /// Skip the agent that lives in its session (it needs the `agent`
+    /// image that scripts/setup.sh builds).
+    #[arg(long)]
+    pub no_inside: bool,
+    /// The images drumsd runs sessions from; default STATE_DIR/images.
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

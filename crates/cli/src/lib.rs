@@ -6,6 +6,7 @@ pub mod bench;
 pub mod commands;
 pub mod connect;
 pub mod demo;
+pub mod eval;
 pub mod exit;
 pub mod inspect;
 pub mod table;

@@ -2,12 +2,28 @@
 
 use clap::Parser;
 use drums_cli::args::{BenchCommand, Command};
-use drums_cli::{bench, commands, connect, demo, inspect, Cli};
+use drums_cli::{bench, commands, connect, demo, eval, inspect, Cli};
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+fn main() {
     let cli = Cli::parse();
-    let code = match run(cli).await {
+    // The evaluation drives many agents, daemons and a mock model at once:
+    // it gets every core; everything else is one request at a time.
+    let rt = match cli.command {
+        Command::Eval(_) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    };
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drums: start the async runtime: {e}");
+            std::process::exit(drums_cli::exit::INTERNAL);
+        }
+    };
+    let code = match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(f) => {
             eprintln!("drums: {}", f.message);
@@ -25,6 +41,9 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
     if let Command::Bench(BenchCommand::Freeze { n, json }) = &cli.command {
         // A host mechanism, measured in-process: no daemon involved.
         return bench::freeze(*n, *json);
+    }
+    if let Command::Eval(a) = &cli.command {
+        return eval::run(&cli.global, a).await;
     }
     let c = connect::client(&cli.global).await?;
     match &cli.command {
@@ -87,5 +106,6 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             json,
         }) => bench::proxy(&c, *n, *turns, *proxy, *mock_port, *json).await,
         Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
+        Command::Eval(_) => unreachable!("handled above"),
     }
 }
