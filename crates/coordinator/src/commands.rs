@@ -54,15 +54,34 @@ impl Coordinator {
         outstanding: u64,
     ) -> Result<Option<Vec<Logged>>, CatalogError> {
         let catalog = self.log.catalog();
-        let Some(j) = catalog.exchange_of_version(id, at)? else {
-            return Ok(None);
-        };
+        // After the version: after the model call whose turn end took it.
+        // A version whose call was never logged (drumsd, or the session,
+        // died while the model thought about it) has no exchange; the
+        // commands after it are those started after it was taken, as an
+        // agent outside runs its commands only once it has the answer
+        // (held until the version is durable).
+        let after: Box<dyn Fn(&drums_catalog::Command) -> bool> =
+            match catalog.exchange_of_version(id, at)? {
+                Some(j) => Box::new(move |c| c.position > j),
+                None => {
+                    let Some(taken) = self
+                        .manager
+                        .session_versions(id)
+                        .ok()
+                        .and_then(|v| v.into_iter().find(|v| v.id == at))
+                        .map(|v| v.created_at_ms)
+                    else {
+                        return Ok(None);
+                    };
+                    Box::new(move |c| c.started_at_ms >= taken)
+                }
+            };
         Ok(Some(
             catalog
                 .commands(id)?
                 .into_iter()
                 .filter(|c| {
-                    c.position > j
+                    after(c)
                         && c.seq < outstanding
                         && ["done", "reissued"].contains(&c.state.as_str())
                 })
@@ -151,6 +170,10 @@ impl Coordinator {
                 .collect()
                 .await
                 .map_err(|e| format!("command {}: {e}", c.seq))?;
+        }
+        if !todo.is_empty() {
+            // They ran outside every turn the inspector watches.
+            self.manager.changed_outside_turns(id);
         }
         info!(session = %id, version = %at, commands = todo.len(), "ran the commands since the version again");
         Ok(())

@@ -236,6 +236,14 @@ impl Manager {
         f(all.entry(session_id.to_owned()).or_default());
     }
 
+    /// Session `id` changed outside every turn the inspector watched (the
+    /// commands an agent outside had run since the version it was
+    /// recovered to, run again): its next version is full, since no turn's
+    /// effects name what changed.
+    pub fn changed_outside_turns(&self, id: &str) {
+        self.set_position(id, |p| p.needs_full = true);
+    }
+
     /// The session's history, oldest first.
     pub fn session_versions(&self, id_or_name: &str) -> Result<Vec<SessionVersion>, SessionError> {
         let rec = self.record(id_or_name)?;
