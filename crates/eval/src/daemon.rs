@@ -25,6 +25,29 @@ pub struct Setup {
     pub work: PathBuf,
     /// Where the daemons' logs go (kept with the results).
     pub logs: PathBuf,
+    /// The second octet of the daemons' subnets, `10.NET.N.0/24`.
+    pub net: u8,
+}
+
+/// A second octet for the eval's subnets, in 10.217-10.240, that no route
+/// of this host uses yet: another eval (or a test's) may run beside this
+/// one.
+pub fn free_net() -> Result<u8, EvalError> {
+    let path = Path::new("/proc/net/route");
+    let routes = std::fs::read_to_string(path).map_err(|e| EvalError::io("read", path, e))?;
+    // Destinations are hex, in the host's (little-endian) byte order.
+    let used: Vec<u8> = routes
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|d| u32::from_str_radix(d, 16).ok())
+        .map(u32::to_le_bytes)
+        .filter(|b| b[0] == 10)
+        .map(|b| b[1])
+        .collect();
+    (217..=240)
+        .find(|n| !used.contains(n))
+        .ok_or_else(|| EvalError::Daemon("no free subnet in 10.217.0.0-10.240.255.255".into()))
 }
 
 /// What an agent needs of a drumsd: its API and its LLM proxy. Both stay
@@ -65,7 +88,7 @@ impl Drumsd {
             "--bridge".into(),
             format!("drev{tag}x{n}"),
             "--subnet".into(),
-            format!("10.217.{n}.0/24"),
+            format!("10.{}.{n}.0/24", setup.net),
             "--cgroup-parent".into(),
             format!("drums-eval-{tag}-{n}"),
             "--store-gib".into(),

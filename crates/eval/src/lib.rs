@@ -199,6 +199,7 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
         upstream,
         work: work.path().to_owned(),
         logs: opts.out.join("logs"),
+        net: daemon::free_net()?,
     };
     progress(&format!(
         "{} traces ({} for the strategies), {} worker(s), latency {}, seed {}, output {}",
