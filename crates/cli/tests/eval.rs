@@ -27,11 +27,16 @@ fn eval_quick_passes_its_assertions_and_leaves_nothing() {
         );
     }
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new(drums)
+    let child = Command::new(drums)
         .args(["eval", "--quick", "--out"])
         .arg(out.path())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // Its host resources are named by its pid (drums_eval::daemon::tag).
+    let tag = child.id() % 10_000;
+    let o = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     let summary = std::fs::read_to_string(out.path().join("summary.md")).unwrap_or_default();
@@ -94,12 +99,13 @@ fn eval_quick_passes_its_assertions_and_leaves_nothing() {
         assert!(svg.starts_with("<svg"), "{f}");
     }
 
-    // Nothing of its daemons is left: bridges, cgroups, mounts, work dirs.
+    // Nothing of its daemons is left: bridges, cgroups, mounts, work dirs
+    // (another eval may run beside it: only its own are looked for).
     let links = Command::new("ip").args(["-br", "link"]).output().unwrap();
     let links = String::from_utf8_lossy(&links.stdout);
-    assert!(!links.contains("drev"), "{links}");
+    assert!(!links.contains(&format!("drev{tag}x")), "{links}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains("drums-eval"), "{mounts}");
+    assert!(!mounts.contains(&format!("drums-eval-{tag}-")), "{mounts}");
     // Every hierarchy: v2 at the root, or v1 controllers and the unified one
     // a level down.
     let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
@@ -124,6 +130,9 @@ fn eval_quick_passes_its_assertions_and_leaves_nothing() {
     }
     for e in std::fs::read_dir("/var/tmp").unwrap().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        assert!(!n.starts_with("drums-eval"), "/var/tmp/{n} left");
+        assert!(
+            !n.starts_with(&format!("drums-eval-{tag}-")),
+            "/var/tmp/{n} left"
+        );
     }
 }

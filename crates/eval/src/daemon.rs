@@ -72,7 +72,7 @@ pub struct Drumsd {
 impl Drumsd {
     /// Starts daemon number `n` (0..250) of this eval with `policy`.
     pub async fn start(setup: &Setup, n: u32, policy: Policy) -> Result<Drumsd, EvalError> {
-        let tag = std::process::id() % 10_000;
+        let tag = tag();
         let state = setup.work.join(format!("drumsd-{n}"));
         std::fs::create_dir_all(&state).map_err(|e| EvalError::io("create", &state, e))?;
         std::fs::create_dir_all(&setup.logs)
@@ -205,6 +205,12 @@ impl Drumsd {
         }
         Ok(())
     }
+}
+
+/// What names this eval's host resources apart from another's: its pid,
+/// cut to fit a bridge's name (`drevTAGxN`).
+pub fn tag() -> u32 {
+    std::process::id() % 10_000
 }
 
 /// A free port on 127.0.0.1 for a daemon's proxy (taken back right away;

@@ -186,7 +186,7 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
     };
     std::fs::create_dir_all(&opts.out).map_err(|e| EvalError::io("create", &opts.out, e))?;
     let work = tempfile::Builder::new()
-        .prefix("drums-eval")
+        .prefix(&format!("drums-eval-{}-", daemon::tag()))
         .tempdir_in("/var/tmp")
         .map_err(|e| EvalError::io("create a work directory in", Path::new("/var/tmp"), e))?;
     let mock = Arc::new(Mock::new(&corpus, opts.latency));
