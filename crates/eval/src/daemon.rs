@@ -134,7 +134,20 @@ impl Drumsd {
             .try_clone()
             .map_err(|e| EvalError::io("open", &self.log_path(), e))?;
         let drumsd = bin_dir.join("drumsd");
-        let child = Command::new(&drumsd)
+        let mut cmd = Command::new(&drumsd);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the
+        // parent; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // An eval killed (Ctrl-C, SIGTERM) takes its daemons with it:
+                // each gets SIGTERM and removes what it made.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

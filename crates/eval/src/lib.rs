@@ -185,6 +185,7 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
         chosen.clone()
     };
     std::fs::create_dir_all(&opts.out).map_err(|e| EvalError::io("create", &opts.out, e))?;
+    sweep_work_dirs();
     let work = tempfile::Builder::new()
         .prefix(&format!("drums-eval-{}-", daemon::tag()))
         .tempdir_in("/var/tmp")
@@ -294,6 +295,47 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
         Ok(summary)
     } else {
         Err(EvalError::Assertions(summary.failures.join("\n")))
+    }
+}
+
+/// Work directories of evals that were killed (a signal ends the eval
+/// before it removes its own; its daemons stop with it, by their parent
+/// death signal): each whose eval is not running and under which nothing
+/// is mounted goes.
+fn sweep_work_dirs() {
+    let Ok(dir) = std::fs::read_dir("/var/tmp") else {
+        return;
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let evals: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"eval"))
+        })
+        .map(|pid| pid % 10_000)
+        .collect();
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(tag) = name
+            .strip_prefix("drums-eval-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = e.path();
+        if evals.contains(&tag) || mounts.contains(&path.display().to_string()) {
+            continue;
+        }
+        progress(&format!(
+            "removing {}, left by a killed eval",
+            path.display()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
     }
 }
 
