@@ -121,7 +121,7 @@ fn eval_quick_passes_its_assertions_and_leaves_nothing() {
             for e in d.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 assert!(
-                    !n.starts_with("drums-eval-"),
+                    !n.starts_with(&format!("drums-eval-{tag}-")),
                     "cgroup {} left",
                     e.path().display()
                 );

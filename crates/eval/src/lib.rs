@@ -158,6 +158,8 @@ pub fn progress(m: &str) {
 pub struct Outcome {
     pub runs: Vec<RunResult>,
     pub density: Vec<density::DensityResult>,
+    /// What stopped part of the evaluation (a worker's drumsd that died).
+    pub failed: Vec<String>,
 }
 
 /// Runs the evaluation and writes its output into `opts.out`; fails if its
@@ -225,7 +227,9 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
             inside: false,
         })
         .collect();
-    let mut runs = run_jobs(&setup, &mock, drums_api::Policy::Off, opts.workers, jobs).await?;
+    let mut failed = Vec::new();
+    let (mut runs, e) = run_jobs(&setup, &mock, drums_api::Policy::Off, opts.workers, jobs).await;
+    failed.extend(e);
     let reference: HashMap<String, run::Observation> = runs
         .iter()
         .filter_map(|r| Some((r.trace.clone(), r.observed.clone()?)))
@@ -252,7 +256,8 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
                 });
             }
         }
-        let mut done = run_jobs(&setup, &mock, s.policy(), opts.workers, jobs).await?;
+        let (mut done, e) = run_jobs(&setup, &mock, s.policy(), opts.workers, jobs).await;
+        failed.extend(e);
         judge(&mut done, &reference);
         runs.append(&mut done);
     }
@@ -275,20 +280,31 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
                 inside: true,
             })
             .collect();
-        let mut done = run_jobs(
+        let (mut done, e) = run_jobs(
             &setup,
             &mock,
             drums_api::Policy::Selective,
             opts.workers,
             jobs,
         )
-        .await?;
+        .await;
+        failed.extend(e);
         judge(&mut done, &reference);
         runs.append(&mut done);
     }
 
-    let density = density::run(&setup, &mock, &strategy_traces, opts).await?;
-    let outcome = Outcome { runs, density };
+    let density = match density::run(&setup, &mock, &strategy_traces, opts).await {
+        Ok(d) => d,
+        Err(e) => {
+            failed.push(format!("density: {}", chain(&e)));
+            Vec::new()
+        }
+    };
+    let outcome = Outcome {
+        runs,
+        density,
+        failed,
+    };
     let summary = report::write(opts, &chosen, &outcome)?;
     drop(work);
     if summary.failures.is_empty() {
@@ -367,14 +383,17 @@ fn quick_subset(all: &[Trace]) -> Vec<Trace> {
     out
 }
 
-/// Runs `jobs` on `workers` workers, each with a drumsd of `policy`.
+/// Runs `jobs` on `workers` workers, each with a drumsd of `policy`. A
+/// worker whose drumsd dies (or does not start) stops, and the others take
+/// the rest of the queue; what went wrong comes back with the results
+/// (second), so that the report is still written.
 async fn run_jobs(
     setup: &Setup,
     mock: &Arc<Mock>,
     policy: drums_api::Policy,
     workers: usize,
     jobs: Vec<Job<'_>>,
-) -> Result<Vec<RunResult>, EvalError> {
+) -> (Vec<RunResult>, Vec<String>) {
     let total = jobs.len();
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<VecDeque<_>>());
     let results = Mutex::new(Vec::with_capacity(total));
@@ -383,6 +402,12 @@ async fn run_jobs(
         async move {
             let mut d = Drumsd::start(setup, n, policy).await?;
             loop {
+                if !d.is_running() {
+                    return Err(EvalError::Daemon(format!(
+                        "worker {n}'s drumsd is gone; log {}",
+                        d.log_path().display()
+                    )));
+                }
                 let Some((i, job)) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
                 else {
                     break;
@@ -413,10 +438,21 @@ async fn run_jobs(
         }
     };
     let all = futures::future::join_all((0..workers.max(1) as u32).map(worker)).await;
-    for r in all {
-        r?;
+    let mut errors: Vec<String> = all
+        .into_iter()
+        .filter_map(Result::err)
+        .map(|e| chain(&e))
+        .collect();
+    let left = queue.into_inner().unwrap_or_else(|p| p.into_inner()).len();
+    if left > 0 {
+        errors.push(format!(
+            "{left} run(s) not made: no worker's drumsd was left"
+        ));
+    }
+    for e in &errors {
+        progress(&format!("  {e}"));
     }
     let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
     results.sort_by_key(|(i, _)| *i);
-    Ok(results.into_iter().map(|(_, r)| r).collect())
+    (results.into_iter().map(|(_, r)| r).collect(), errors)
 }

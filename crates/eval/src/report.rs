@@ -75,7 +75,7 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
     if inside.runs > 0 {
         tallies.push(inside);
     }
-    let mut failures = Vec::new();
+    let mut failures: Vec<String> = o.failed.clone();
     let mut md = String::new();
     let _ = writeln!(
         md,
