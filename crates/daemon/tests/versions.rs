@@ -211,17 +211,29 @@ async fn selective_versions_pair_as_specified_and_rollback_restores_each_exactly
         );
         reaches_the_bridge(&d, "ver", &s);
     }
-    // The files policy's version has no processes to restore.
+    // The files policy's version has no processes: the session starts cold
+    // on its files (v8 wrote /root/f8; f9 and f10 came after), under the
+    // same identity, and its server is not running.
     let o = d.drums(&["rollback", "ver", "--to", &v8.number.to_string()]);
-    assert_eq!(
-        o.status.code(),
-        Some(4),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, listed, _) = d.sh("ver", "ls /root");
+    assert!(
+        listed.contains("f8") && !listed.contains("f9") && !listed.contains("f10"),
+        "{listed}"
     );
+    assert_eq!(files(&d), "one\na\nx\nmore");
+    let (code, _, _) = d.sh("ver", &ask_script("get"));
+    assert_ne!(code, 0, "a cold start has no server");
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/ver", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!((&now.id, &now.ip), (&s.id, &s.ip));
+    reaches_the_bridge(&d, "ver", &s);
     // After a rollback the history goes on from there.
     let v11 = took(&turn(&d, "ver", "echo after > /root/f11", Policy::Selective).await);
-    assert_eq!(v11.parent.as_deref(), Some(v10.id.as_str()), "{v11:#?}");
+    assert_eq!(v11.parent.as_deref(), Some(v8.id.as_str()), "{v11:#?}");
 
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
