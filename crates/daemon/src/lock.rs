@@ -1,40 +1,106 @@
 //! One daemon per state directory, enforced by an flock that the kernel drops
 //! when the daemon dies, however it dies.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nix::fcntl::{Flock, FlockArg};
 
-pub struct StateLock(#[allow(dead_code)] Flock<std::fs::File>);
+pub struct StateLock(#[allow(dead_code)] Flock<File>);
+
+/// How long a lock whose daemon is dead may stay held. A child that drumsd
+/// forked keeps the lock's open file until it execs or exits: one caught
+/// between the two when drumsd was killed holds it a moment longer (seen
+/// after `kill -9` in the eval). A live daemon's lock is refused at once.
+const DEAD_HOLDER_GRACE: Duration = Duration::from_secs(10);
 
 pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
     let path = state_dir.join("drumsd.lock");
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("open {}", path.display()))?;
-    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(l) => l,
-        Err((mut f, _)) => {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
-            bail!(
-                "another drumsd (pid {}) already uses state directory {}",
-                pid.trim(),
-                state_dir.display()
-            );
+    let until = Instant::now() + DEAD_HOLDER_GRACE;
+    let mut lock = loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((mut f, _)) => {
+                let mut pid = String::new();
+                let _ = f.read_to_string(&mut pid);
+                let pid = pid.trim().to_owned();
+                if holder_is_dead(&pid) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                bail!(
+                    "another drumsd (pid {pid}) already uses state directory {}",
+                    state_dir.display()
+                );
+            }
         }
     };
-    let _ = lock.as_fd();
     lock.set_len(0).context("truncate lock file")?;
     lock.rewind().context("rewind lock file")?;
     write!(lock, "{}", std::process::id()).context("write pid to lock file")?;
     Ok(StateLock(lock))
+}
+
+/// The daemon that wrote its pid into the lock is gone (a pid reused since
+/// by another process counts as alive: the wait is only a courtesy).
+fn holder_is_dead(pid: &str) -> bool {
+    pid.parse::<i32>()
+        .is_ok_and(|p| p > 0 && !Path::new(&format!("/proc/{p}")).exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Holds the state lock through an open file description of its own, as a
+    /// forked child of a dead daemon would, with `pid` written in it.
+    fn held_by(dir: &Path, pid: u32) -> Flock<File> {
+        let mut f = File::create(dir.join("drumsd.lock")).unwrap();
+        write!(f, "{pid}").unwrap();
+        Flock::lock(f, FlockArg::LockExclusiveNonblock).unwrap()
+    }
+
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c.id()
+    }
+
+    #[test]
+    fn a_dead_daemons_lock_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = held_by(dir.path(), dead_pid());
+        let letgo = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let got = acquire(dir.path()).expect("the lock, once let go");
+        letgo.join().unwrap();
+        let pid = std::fs::read_to_string(dir.path().join("drumsd.lock")).unwrap();
+        assert_eq!(pid, std::process::id().to_string());
+        drop(got);
+    }
+
+    #[test]
+    fn a_live_daemons_lock_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = held_by(dir.path(), std::process::id());
+        let t = Instant::now();
+        let e = acquire(dir.path()).err().expect("refused");
+        assert!(
+            e.to_string().contains("already uses state directory"),
+            "{e}"
+        );
+        assert!(t.elapsed() < DEAD_HOLDER_GRACE, "refused without the wait");
+    }
 }

@@ -124,33 +124,9 @@ impl Drumsd {
         self.log.clone()
     }
 
-    /// Starts drumsd; again, for up to 20 s, while it finds the state
-    /// directory's lock still held: a killed drumsd's child may keep it a
-    /// moment after the daemon is reaped (seen once in a full run).
+    /// Starts drumsd and waits for its API (drumsd itself waits for a killed
+    /// predecessor's state lock to be let go).
     async fn spawn(&mut self, bin_dir: &Path) -> Result<(), EvalError> {
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            match self.spawn_once(bin_dir).await {
-                Err(EvalError::Daemon(why))
-                    if why.contains("at its start") && Instant::now() < until && self.locked() =>
-                {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                r => return r,
-            }
-        }
-    }
-
-    /// The daemon's log ends with the state lock's refusal.
-    fn locked(&self) -> bool {
-        std::fs::read_to_string(&self.log).is_ok_and(|l| {
-            l.lines()
-                .last()
-                .is_some_and(|l| l.contains("already uses state directory"))
-        })
-    }
-
-    async fn spawn_once(&mut self, bin_dir: &Path) -> Result<(), EvalError> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
