@@ -806,7 +806,14 @@ impl Coordinator {
         // begin).
         let released = tokio::spawn(release(rest));
         if last {
-            match self.manager.turn_begin(&p.session.id) {
+            // Off this worker: a session's first begin loads its watch (tens
+            // of ms), and the release just spawned would wait behind it in
+            // the worker's LIFO slot, which no other worker steals.
+            let (m, id) = (self.manager.clone(), p.session.id.clone());
+            let begun = tokio::task::spawn_blocking(move || m.turn_begin(&id))
+                .await
+                .expect("turn begin does not panic");
+            match begun {
                 // Begun, or begun already (by hand, `drums turn begin`).
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
                 Err(e) => {
