@@ -3,7 +3,8 @@
 It is what a coding agent in a sandbox is: a Python program using the
 official `openai` SDK, unchanged but for its base URL, which is drumsd's
 LLM proxy on the session's gateway; it runs each tool call with
-`subprocess`. The session is known to the proxy by its address, so the
+`subprocess`. Its commands inherit its environment: the eval starts it
+with the one every command of a trace runs with (docs/eval.md). The session is known to the proxy by its address, so the
 agent names none. After a recovery its connection to the proxy comes back
 closed, and the SDK tries the request again, as it does for any broken
 connection.
@@ -12,7 +13,6 @@ Usage: agent.py PROXY MODEL TASK   (PROXY: ADDR:PORT; MODEL: trace/NAME@RUN)
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -20,16 +20,6 @@ from openai import OpenAI
 
 PROXY, MODEL, TASK = sys.argv[1], sys.argv[2], sys.argv[3]
 DONE = "/opt/drums-eval/done"
-# The environment every command of a trace runs with (docs/eval.md).
-ENV = dict(
-    os.environ,
-    PYTHONDONTWRITEBYTECODE="1",
-    LC_ALL="C",
-    HOME="/root",
-    GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
-    GIT_COMMITTER_DATE="2026-01-01T00:00:00Z",
-    SOURCE_DATE_EPOCH="1767225600",
-)
 TOOLS = [{
     "type": "function",
     "function": {
@@ -56,7 +46,7 @@ while True:
         break
     for call in message.tool_calls:
         command = json.loads(call.function.arguments)["command"]
-        done = subprocess.run(["sh", "-c", command], cwd="/root/task", env=ENV,
+        done = subprocess.run(["sh", "-c", command], cwd="/root/task",
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=120)
         out = done.stdout.decode(errors="replace")[:4096]

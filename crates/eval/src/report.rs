@@ -48,6 +48,7 @@ struct Tally {
     mid_checkpoint: usize,
     errors: Vec<String>,
     bytes: u64,
+    bytes_by_need: BTreeMap<Needs, u64>,
     wall_s: f64,
     /// The same traces' fault-free, checkpoint-free time.
     reference_s: f64,
@@ -201,8 +202,9 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
             ));
         }
     }
-    let ratio = match (get(Strategy::Selective), get(Strategy::Full)) {
-        (Some(s), Some(f)) => {
+    let pair = get(Strategy::Selective).zip(get(Strategy::Full));
+    let ratio = match pair {
+        Some((s, f)) => {
             if s.bytes >= f.bytes {
                 failures.push(format!(
                     "selective wrote {} of checkpoints, not less than full's {}",
@@ -214,12 +216,30 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
         }
         _ => None,
     };
-    if let Some(x) = ratio {
+    if let (Some(x), Some((s, f))) = (ratio, pair) {
         let _ = writeln!(
             md,
-            "\nSelective's checkpoint bytes are {:.1}% of full's.",
+            "\nSelective's checkpoint bytes are {:.1}% of full's. By what the traces need:\n",
             x * 100.0
         );
+        let _ = writeln!(
+            md,
+            "| traces that need | selective | full | selective / full |\n|---|---|---|---|"
+        );
+        for n in [Needs::None, Needs::Files, Needs::Processes] {
+            let (sb, fb) = (
+                s.bytes_by_need.get(&n).copied().unwrap_or(0),
+                f.bytes_by_need.get(&n).copied().unwrap_or(0),
+            );
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1}% |",
+                n.as_str(),
+                mib(sb),
+                mib(fb),
+                sb as f64 / fb.max(1) as f64 * 100.0
+            );
+        }
     }
 
     // Density.
@@ -262,29 +282,40 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
         }
     }
 
-    // Proxy overhead.
-    let mut overhead: Vec<f64> = o
+    // Proxy overhead: requests the agent timed itself (an agent inside
+    // the session is timed only by the proxy), with no fault injected while
+    // they were answered (a recovery is not the proxy's). A session's first
+    // request is apart: it starts the session's turns.
+    let timed = o
         .runs
         .iter()
-        .flat_map(|r| r.turns.iter())
+        .filter(|r| !r.phase.ends_with("(agent inside)"))
         .chain(
             o.density
                 .iter()
-                .flat_map(|d| d.selective.runs.iter().chain(&d.off.runs))
-                .flat_map(|r| r.turns.iter()),
+                .flat_map(|d| d.selective.runs.iter().chain(&d.off.runs)),
         )
-        .filter(|t| t.decision.is_some())
-        .map(|t| t.overhead_us)
-        .filter(|x| x.is_finite())
-        .collect();
+        .flat_map(|r| r.turns.iter())
+        .filter(|t| t.decision.is_some() && t.fault.is_none() && t.overhead_us.is_finite());
+    let (mut first, mut overhead): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+    for t in timed {
+        match t.request {
+            0 => first.push(t.overhead_us),
+            _ => overhead.push(t.overhead_us),
+        }
+    }
+    first.sort_by(f64::total_cmp);
     overhead.sort_by(f64::total_cmp);
     let _ = writeln!(
         md,
-        "\n## Proxy overhead\n\nWhat an agent's request took beyond the model's time and the hold, over {} requests (a new connection each): p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs.",
+        "\n## Proxy overhead\n\nWhat an agent's request took beyond the model's time (as the mock measured it) and the hold, over {} requests with no fault injected, each on a new connection: p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs. A session's first request ({} of them) starts its turns: p50 {:.0} µs, p95 {:.0} µs.",
         overhead.len(),
         percentile(&overhead, 0.5),
         percentile(&overhead, 0.95),
-        percentile(&overhead, 0.99)
+        percentile(&overhead, 0.99),
+        first.len(),
+        percentile(&first, 0.5),
+        percentile(&first, 0.95),
     );
 
     // Targets.
@@ -415,6 +446,7 @@ fn tally(
         mid_checkpoint: 0,
         errors: Vec::new(),
         bytes: 0,
+        bytes_by_need: BTreeMap::new(),
         wall_s: 0.0,
         reference_s: 0.0,
     };
@@ -433,6 +465,7 @@ fn tally(
                 .map(|e| format!("{} (seed {}): {e}", r.trace, r.seed)),
         );
         t.bytes += r.bytes;
+        *t.bytes_by_need.entry(r.needs).or_default() += r.bytes;
         t.wall_s += r.wall_s;
         t.reference_s += reference.get(r.trace.as_str()).map_or(0.0, |x| x.wall_s);
     }

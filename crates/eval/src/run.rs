@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -46,9 +47,12 @@ pub struct TurnRow {
     pub held_ms: f64,
     /// The model's own time (the mock's wait).
     pub latency_ms: f64,
+    /// The mock's time for it as the mock measured it: the wait and the
+    /// timer's slack.
+    pub upstream_ms: f64,
     /// From sending it to its whole answer, at the agent.
     pub rtt_ms: f64,
-    /// What the proxy added: `rtt - latency - held`.
+    /// What the proxy added: `rtt - upstream - held`.
     pub overhead_us: f64,
     /// From sending it to sending the next request (the turn's time).
     pub turn_ms: f64,
@@ -231,8 +235,10 @@ async fn drive(
             }
         }
         let latency = mock.latency(trace, request);
-        let body = json!({"model": format!("{MODEL_PREFIX}{}", trace.name),
-                          "messages": messages, "tools": [tool()]});
+        // The session's name tells this run's requests from another's of
+        // the same trace at the mock (which times them).
+        let model = format!("{MODEL_PREFIX}{}@{name}", trace.name);
+        let body = json!({"model": model, "messages": messages, "tools": [tool()]});
         let sent = Instant::now();
         if let Some((i, at)) = previous {
             r.turns[i].turn_ms = ms(sent - at);
@@ -261,6 +267,7 @@ async fn drive(
             version_bytes: 0,
             held_ms: 0.0,
             latency_ms: ms(latency),
+            upstream_ms: mock.served(&model, request).map_or(ms(latency), ms),
             rtt_ms: ms(rtt),
             overhead_us: 0.0,
             turn_ms: ms(rtt),
@@ -359,6 +366,8 @@ async fn fresh_session(
 
 /// The agent that lives in its session (`agent/agent.py`).
 const AGENT: &str = include_str!("../agent/agent.py");
+/// Where the inside agent says it is done, in its session.
+const DONE_FILE: &str = "/opt/drums-eval/done";
 
 /// How long an agent inside may take for its whole trace.
 const INSIDE_PATIENCE: Duration = Duration::from_secs(1800);
@@ -438,9 +447,7 @@ async fn drive_inside(cx: &mut Ctx<'_>, job: &Job<'_>, r: &mut RunResult) -> Res
                 // exec would be a request to drumsd open while a version
                 // is dumped, which CRIU cannot checkpoint.
                 let init = session(&h.client, name).await.ok().and_then(|s| s.init_pid);
-                if init.is_some_and(|p| {
-                    std::path::Path::new(&format!("/proc/{p}/root/opt/drums-eval/done")).exists()
-                }) {
+                if init.is_some_and(|p| agent_done(Path::new(&format!("/proc/{p}/root")))) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -454,6 +461,13 @@ async fn drive_inside(cx: &mut Ctx<'_>, job: &Job<'_>, r: &mut RunResult) -> Res
     }
     r.observed = Some(observe(&h.client, name, trace).await?);
     Ok(())
+}
+
+/// The inside agent's done-file is in the session whose root is `root`,
+/// resolved as the session would (its symlinks stay inside it: the session
+/// is not trusted with a path on the host).
+fn agent_done(root: &Path) -> bool {
+    drums_sys::open_in_root(root, Path::new(DONE_FILE), nix::fcntl::OFlag::O_PATH).is_ok()
 }
 
 /// A string as one word of `sh`.
@@ -480,6 +494,7 @@ fn rows_of(records: &[CoordinatedTurn], trace: &Trace) -> Vec<TurnRow> {
                 version_bytes: t.version_bytes.unwrap_or(0),
                 held_ms: t.held_ms,
                 latency_ms: 0.0,
+                upstream_ms: t.upstream_ms,
                 rtt_ms: t.upstream_ms + t.held_ms,
                 overhead_us: 0.0,
                 turn_ms: 0.0,
@@ -835,7 +850,7 @@ fn join_records(rows: &mut [TurnRow], records: &[CoordinatedTurn]) {
         row.decision = Some(t.decision.clone());
         row.version_bytes = t.version_bytes.unwrap_or(0);
         row.held_ms = t.held_ms;
-        row.overhead_us = ((row.rtt_ms - row.latency_ms - row.held_ms) * 1000.0).max(0.0);
+        row.overhead_us = ((row.rtt_ms - row.upstream_ms - row.held_ms) * 1000.0).max(0.0);
     }
 }
 
@@ -850,4 +865,31 @@ fn clip(s: &str) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hostile session's done-file that is a symlink to a file of the
+    /// host's is resolved inside the session, where it names nothing.
+    #[test]
+    fn the_done_file_is_looked_for_inside_the_session() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("opt/drums-eval");
+        std::fs::create_dir_all(&dir).unwrap();
+        let host = tempfile::NamedTempFile::new().unwrap();
+        assert!(host.path().is_absolute() && host.path().exists());
+        std::os::unix::fs::symlink(host.path(), dir.join("done")).unwrap();
+        assert!(!agent_done(root.path()), "followed a symlink to the host");
+        // Escaping by `..` stays inside too.
+        std::fs::remove_file(dir.join("done")).unwrap();
+        let up = "../".repeat(20) + host.path().to_str().unwrap().trim_start_matches('/');
+        std::os::unix::fs::symlink(&up, dir.join("done")).unwrap();
+        assert!(!agent_done(root.path()), "followed `..` out of the session");
+        // The agent's own file is found.
+        std::fs::remove_file(dir.join("done")).unwrap();
+        std::fs::write(dir.join("done"), "").unwrap();
+        assert!(agent_done(root.path()));
+    }
 }

@@ -93,6 +93,10 @@ pub struct Mock {
     latency: Latency,
     /// Every latency of the corpus, sorted, for `Latency::Sampled`.
     pool: Vec<u64>,
+    /// How long the mock itself took over each (model, turn), from the
+    /// request's head to its answer: the model's time in the proxy's
+    /// overhead, timer slack included. The last request of each wins.
+    served: std::sync::Mutex<HashMap<(String, usize), Duration>>,
 }
 
 impl Mock {
@@ -107,6 +111,7 @@ impl Mock {
             arrivals: tokio::sync::broadcast::channel(1024).0,
             latency,
             pool,
+            served: Default::default(),
         }
     }
 
@@ -138,7 +143,15 @@ impl Mock {
         }
     }
 
+    /// How long the mock took to answer the last request of `model` for
+    /// `turn`.
+    pub fn served(&self, model: &str, turn: usize) -> Option<Duration> {
+        let served = self.served.lock().expect("served map");
+        served.get(&(model.to_owned(), turn)).copied()
+    }
+
     async fn answer(&self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let head = std::time::Instant::now();
         let body = req
             .into_body()
             .collect()
@@ -157,9 +170,14 @@ impl Mock {
                             .unwrap_or(0),
                         answered,
                     };
-                    let _ = self.arrivals.send(event(false));
+                    let e = event(false);
+                    let _ = self.arrivals.send(e.clone());
                     tokio::time::sleep(wait).await;
                     let _ = self.arrivals.send(event(true));
+                    self.served
+                        .lock()
+                        .expect("served map")
+                        .insert((e.model, e.turn), head.elapsed());
                     (StatusCode::OK, answer)
                 }
                 Err(why) => (StatusCode::NOT_FOUND, error(&why)),
