@@ -660,6 +660,11 @@ pub struct CoordinatedTurn {
     /// How long the end of the answer was held for the version (the delay
     /// the agent saw), in ms.
     pub held_ms: f64,
+    /// From the upstream's end to the release of the answer's end, in ms:
+    /// the turn's end, the hold, the exchange log; all the delay the agent
+    /// saw after the model's (0 in records older than the field).
+    #[serde(default)]
+    pub release_ms: f64,
     pub request_bytes: u64,
     pub response_bytes: u64,
     /// The client went away before the answer's end.

@@ -514,7 +514,14 @@ impl Coordinator {
             if policy == Policy::Off || !none {
                 return Ok(Ending::First(None));
             }
-            match m.turn_begin(&id) {
+            // Off the runtime's workers: a session's first begin loads its
+            // watch (tens of ms), and 128 sessions starting at once would
+            // stall every other answer behind them.
+            let (m2, id2) = (m.clone(), id.clone());
+            let begun = tokio::task::spawn_blocking(move || m2.turn_begin(&id2))
+                .await
+                .expect("turn begin does not panic");
+            match begun {
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
                 Err(e) => return Err(drums_session::error_chain(&e)),
             }
@@ -589,6 +596,7 @@ impl Coordinator {
                 version_bytes: None,
                 upstream_ms: 0.0,
                 held_ms: 0.0,
+                release_ms: 0.0,
                 request_bytes: b.request_bytes,
                 response_bytes: 0,
                 client_gone: false,
@@ -742,6 +750,8 @@ impl Coordinator {
         F: FnOnce(Bytes) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
+        // Everything from here to the release is delay the agent sees.
+        let arrived = Instant::now();
         p.record.client_gone = gone;
         if let Some(ending) = p.ending.take() {
             match ending.await {
@@ -804,6 +814,9 @@ impl Coordinator {
         // The answer's end goes on its own: a client slow to read it holds
         // up nothing of its session's (the handover is held only for the
         // begin).
+        if !gone {
+            p.record.release_ms = arrived.elapsed().as_secs_f64() * 1e3;
+        }
         let released = tokio::spawn(release(rest));
         if last {
             // Off this worker: a session's first begin loads its watch (tens

@@ -168,8 +168,10 @@ async fn one(
         .runs
         .iter()
         .flat_map(|r| r.turns.iter())
-        .filter(|t| t.request > 0 && t.turn_ms > 0.0)
-        .map(|t| t.held_ms / t.turn_ms)
+        // A session's first request too: its base version and its first
+        // watch are drums' delay as much as any turn's end.
+        .filter(|t| t.turn_ms > 0.0)
+        .map(|t| t.release_ms / t.turn_ms)
         .collect();
     shares.sort_by(f64::total_cmp);
     let total = |a: &Arm| a.session_s.iter().sum::<f64>();

@@ -30,7 +30,7 @@ pub struct StrategyBar {
 /// One density: `sessions` agents at once.
 pub struct DensityPoint {
     pub sessions: usize,
-    /// Exposed delay (the time an answer was held for its checkpoint) as a share of turn time, p50 and p95 over turns (0.01 = 1%).
+    /// Exposed delay (from the model's answer to its release) as a share of turn time, p50 and p95 over turns (0.01 = 1%).
     pub exposed_p50: f64,
     pub exposed_p95: f64,
     /// Total time against the fault-free, checkpoint-free run at the same density (1.0 = same).

@@ -247,7 +247,7 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
         let _ = writeln!(md, "\n## Density\n");
         let _ = writeln!(
             md,
-            "Each density runs that many agents at once on a selective drumsd and on a checkpoint-free one, arms interleaved. Exposed delay: the time an answer was held for its version, as a share of its turn (request to next request).\n"
+            "Each density runs that many agents at once on a selective drumsd and on a checkpoint-free one, arms interleaved. Exposed delay: the time from the model's answer to its release to the agent (the turn's end, and the hold for its version), as a share of its turn (request to next request), over every request.\n"
         );
         let _ = writeln!(
             md,
@@ -308,7 +308,7 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
     overhead.sort_by(f64::total_cmp);
     let _ = writeln!(
         md,
-        "\n## Proxy overhead\n\nWhat an agent's request took beyond the model's time (as the mock measured it) and the hold, over {} requests with no fault injected, each on a new connection: p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs. A session's first request ({} of them) starts its turns: p50 {:.0} µs, p95 {:.0} µs.",
+        "\n## Proxy overhead\n\nWhat an agent's request took beyond the model's time (as the mock measured it) and the release, over {} requests with no fault injected, each on a new connection: p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs. A session's first request ({} of them) starts its turns: p50 {:.0} µs, p95 {:.0} µs.",
         overhead.len(),
         percentile(&overhead, 0.5),
         percentile(&overhead, 0.95),

@@ -45,6 +45,9 @@ pub struct TurnRow {
     pub version_bytes: u64,
     /// How long its answer was held for the version.
     pub held_ms: f64,
+    /// From the upstream's end to the answer's release: the hold and the
+    /// rest of the turn's end (the delay drums added after the model's).
+    pub release_ms: f64,
     /// The model's own time (the mock's wait).
     pub latency_ms: f64,
     /// The mock's time for it as the mock measured it: the wait and the
@@ -52,7 +55,7 @@ pub struct TurnRow {
     pub upstream_ms: f64,
     /// From sending it to its whole answer, at the agent.
     pub rtt_ms: f64,
-    /// What the proxy added: `rtt - upstream - held`.
+    /// What the proxy added besides the release: `rtt - upstream - release`.
     pub overhead_us: f64,
     /// From sending it to sending the next request (the turn's time).
     pub turn_ms: f64,
@@ -266,6 +269,7 @@ async fn drive(
             decision: None,
             version_bytes: 0,
             held_ms: 0.0,
+            release_ms: 0.0,
             latency_ms: ms(latency),
             upstream_ms: mock.served(&model, request).map_or(ms(latency), ms),
             rtt_ms: ms(rtt),
@@ -493,9 +497,10 @@ fn rows_of(records: &[CoordinatedTurn], trace: &Trace) -> Vec<TurnRow> {
                 decision: Some(t.decision.clone()),
                 version_bytes: t.version_bytes.unwrap_or(0),
                 held_ms: t.held_ms,
+                release_ms: t.release_ms,
                 latency_ms: 0.0,
                 upstream_ms: t.upstream_ms,
-                rtt_ms: t.upstream_ms + t.held_ms,
+                rtt_ms: t.upstream_ms + t.release_ms,
                 overhead_us: 0.0,
                 turn_ms: 0.0,
                 fault: None,
@@ -850,7 +855,8 @@ fn join_records(rows: &mut [TurnRow], records: &[CoordinatedTurn]) {
         row.decision = Some(t.decision.clone());
         row.version_bytes = t.version_bytes.unwrap_or(0);
         row.held_ms = t.held_ms;
-        row.overhead_us = ((row.rtt_ms - row.upstream_ms - row.held_ms) * 1000.0).max(0.0);
+        row.release_ms = t.release_ms;
+        row.overhead_us = ((row.rtt_ms - row.upstream_ms - row.release_ms) * 1000.0).max(0.0);
     }
 }
 

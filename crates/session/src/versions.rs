@@ -262,7 +262,12 @@ impl Manager {
         id_or_name: &str,
         req: &drums_api::EndTurn,
     ) -> Result<TurnEffects, SessionError> {
-        let mut effects = self.turn_end(id_or_name)?;
+        // The inspector's maps are read on a blocking thread: many sessions
+        // ending turns at once must not stall the runtime's workers.
+        let (me, id) = (self.clone(), id_or_name.to_owned());
+        let mut effects = tokio::task::spawn_blocking(move || me.turn_end(&id))
+            .await
+            .expect("turn end does not panic")?;
         if !req.checkpoint {
             return Ok(effects);
         }
