@@ -1,0 +1,457 @@
+//! Layers applied onto real trees (needs root: a layer's files belong to
+//! other users). Each test writes below its own temporary directory, and
+//! checks that nothing outside the tree was touched.
+
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use drums_oci::{apply, LayerError, LayerLimits};
+use sha2::{Digest, Sha256};
+
+fn need_root() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (a layer's files belong to other users); CI runs it as root. NOT SKIPPED: failing on purpose");
+    }
+}
+
+const MTIME: u64 = 1_700_000_000;
+
+/// A tar stream written header by header, so that it can hold what the
+/// `tar` crate's builder refuses to write (absolute paths, `..`).
+#[derive(Default)]
+struct Layer {
+    b: Vec<u8>,
+}
+
+impl Layer {
+    #[allow(clippy::too_many_arguments)]
+    fn raw(
+        &mut self,
+        name: &[u8],
+        kind: tar::EntryType,
+        mode: u32,
+        owner: (u64, u64),
+        data: &[u8],
+        link: &[u8],
+        dev: (u32, u32),
+    ) -> &mut Self {
+        let mut h = tar::Header::new_gnu();
+        let g = h.as_gnu_mut().unwrap();
+        g.name[..name.len()].copy_from_slice(name);
+        g.linkname[..link.len()].copy_from_slice(link);
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(owner.0);
+        h.set_gid(owner.1);
+        h.set_mtime(MTIME);
+        h.set_size(data.len() as u64);
+        h.set_device_major(dev.0).unwrap();
+        h.set_device_minor(dev.1).unwrap();
+        h.set_cksum();
+        self.b.extend_from_slice(h.as_bytes());
+        self.b.extend_from_slice(data);
+        self.b
+            .extend(std::iter::repeat_n(0u8, (512 - data.len() % 512) % 512));
+        self
+    }
+    fn dir(&mut self, p: &str, mode: u32) -> &mut Self {
+        self.raw(
+            p.as_bytes(),
+            tar::EntryType::Directory,
+            mode,
+            (0, 0),
+            b"",
+            b"",
+            (0, 0),
+        )
+    }
+    fn file(&mut self, p: &str, mode: u32, owner: (u64, u64), data: &[u8]) -> &mut Self {
+        self.raw(
+            p.as_bytes(),
+            tar::EntryType::Regular,
+            mode,
+            owner,
+            data,
+            b"",
+            (0, 0),
+        )
+    }
+    fn symlink(&mut self, p: &str, target: &str) -> &mut Self {
+        self.raw(
+            p.as_bytes(),
+            tar::EntryType::Symlink,
+            0o777,
+            (0, 0),
+            b"",
+            target.as_bytes(),
+            (0, 0),
+        )
+    }
+    fn hardlink(&mut self, p: &str, target: &str) -> &mut Self {
+        self.raw(
+            p.as_bytes(),
+            tar::EntryType::Link,
+            0o644,
+            (0, 0),
+            b"",
+            target.as_bytes(),
+            (0, 0),
+        )
+    }
+    fn end(&mut self) -> Vec<u8> {
+        let mut out = self.b.clone();
+        out.extend(std::iter::repeat_n(0u8, 1024));
+        out
+    }
+}
+
+fn sha(b: &[u8]) -> String {
+    let d = Sha256::digest(b);
+    format!(
+        "sha256:{}",
+        d.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    )
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(b).unwrap();
+    e.finish().unwrap()
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap()
+}
+
+/// Every path below `dir`, relative, sorted: a tree's shape.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_layer_makes_its_tree_and_its_diff_id_is_its_streams_sha256() {
+    need_root();
+    let stream = Layer::default()
+        .dir("./", 0o755)
+        .dir("./etc/", 0o755)
+        .file(
+            "./etc/passwd",
+            0o644,
+            (0, 0),
+            b"root:x:0:0::/root:/bin/sh\n",
+        )
+        .file("./home/u/notes", 0o640, (1000, 1001), b"mine\n")
+        .file("./usr/bin/su", 0o4755, (0, 0), b"#!/bin/sh\n")
+        .hardlink("./usr/bin/su2", "./usr/bin/su")
+        .symlink("./bin", "usr/bin")
+        .symlink("./etc/localtime", "/usr/share/zoneinfo/UTC")
+        .raw(
+            b"./run/fifo",
+            tar::EntryType::Fifo,
+            0o600,
+            (0, 0),
+            b"",
+            b"",
+            (0, 0),
+        )
+        .end();
+    for (how, blob) in [("plain", stream.clone()), ("gzip", gzip(&stream))] {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let a = apply(r, &blob[..], &LayerLimits::default()).unwrap();
+        assert_eq!(
+            a.diff_id,
+            sha(&stream),
+            "{how}: the diff-id is of the uncompressed stream"
+        );
+        assert_eq!(a.bytes, 26 + 5 + 10, "{how}");
+        assert_eq!(a.whiteouts, 0);
+        assert_eq!(read(&r.join("etc/passwd")), "root:x:0:0::/root:/bin/sh\n");
+        let notes = std::fs::metadata(r.join("home/u/notes")).unwrap();
+        assert_eq!(
+            (notes.uid(), notes.gid(), notes.mode() & 0o7777),
+            (1000, 1001, 0o640)
+        );
+        // Made for it, as other runtimes do: 0755, root.
+        let home = std::fs::metadata(r.join("home/u")).unwrap();
+        assert_eq!((home.uid(), home.mode() & 0o7777), (0, 0o755));
+        let su = std::fs::metadata(r.join("usr/bin/su")).unwrap();
+        assert_eq!(
+            su.mode() & 0o7777,
+            0o4755,
+            "{how}: setuid kept after the chown"
+        );
+        assert_eq!(su.mtime(), MTIME as i64);
+        assert_eq!(
+            std::fs::metadata(r.join("usr/bin/su2")).unwrap().ino(),
+            su.ino()
+        );
+        assert_eq!(
+            std::fs::read_link(r.join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
+        assert_eq!(
+            std::fs::read_link(r.join("etc/localtime")).unwrap(),
+            Path::new("/usr/share/zoneinfo/UTC")
+        );
+        assert!(std::fs::symlink_metadata(r.join("run/fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        // Directory times are the layer's, set after their children.
+        assert_eq!(
+            std::fs::metadata(r.join("etc")).unwrap().mtime(),
+            MTIME as i64
+        );
+        assert_eq!(
+            std::fs::metadata(r.join("etc"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755
+        );
+    }
+}
+
+#[test]
+fn whiteouts_and_opaque_directories_hide_what_the_layers_below_made() {
+    need_root();
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let base = Layer::default()
+        .file("a/x", 0o644, (0, 0), b"x")
+        .file("a/y", 0o644, (0, 0), b"y")
+        .file("b/dir/deep/z", 0o644, (0, 0), b"z")
+        .file("keep/old", 0o644, (0, 0), b"old")
+        .file("f", 0o644, (0, 0), b"a file, then a directory")
+        .end();
+    apply(r, &base[..], &LayerLimits::default()).unwrap();
+    let top = Layer::default()
+        .file("a/.wh.x", 0o644, (0, 0), b"")
+        .file("b/.wh.dir", 0o644, (0, 0), b"")
+        .file(".wh.nothing-there", 0o644, (0, 0), b"")
+        .file("keep/new", 0o644, (0, 0), b"new")
+        .file("keep/.wh..wh..opq", 0o644, (0, 0), b"")
+        .file("keep/after", 0o644, (0, 0), b"after")
+        .file("f/inside", 0o644, (0, 0), b"")
+        .end();
+    // `f/inside` goes through a file: refused, since the layer below made
+    // it a file and this one never made it a directory.
+    let e = apply(r, &top[..], &LayerLimits::default()).unwrap_err();
+    assert!(
+        matches!(e, LayerError::Refused { ref path, .. } if path == "f/inside"),
+        "{e}"
+    );
+    let top = Layer::default()
+        .file("a/.wh.x", 0o644, (0, 0), b"")
+        .file("b/.wh.dir", 0o644, (0, 0), b"")
+        .file(".wh.nothing-there", 0o644, (0, 0), b"")
+        .file("keep/new", 0o644, (0, 0), b"new")
+        .file("keep/.wh..wh..opq", 0o644, (0, 0), b"")
+        .file("keep/after", 0o644, (0, 0), b"after")
+        .dir("f", 0o755)
+        .file("f/inside", 0o644, (0, 0), b"")
+        .end();
+    let a = apply(r, &top[..], &LayerLimits::default()).unwrap();
+    assert_eq!(a.whiteouts, 4);
+    assert_eq!(
+        tree(r),
+        [
+            "a",
+            "a/y",
+            "b",
+            "f",
+            "f/inside",
+            "keep",
+            "keep/after",
+            "keep/new"
+        ]
+    );
+}
+
+#[test]
+fn a_path_through_a_symlink_is_resolved_inside_the_tree() {
+    need_root();
+    let outside = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let base = Layer::default()
+        .dir("usr/bin", 0o755)
+        .symlink("bin", "/usr/bin")
+        .symlink("host", outside.path().to_str().unwrap())
+        .symlink("etc/root", "/")
+        .end();
+    apply(r, &base[..], &LayerLimits::default()).unwrap();
+    // A tree a lower layer could not have made, but that must not matter.
+    std::os::unix::fs::symlink("../../../../..", r.join("up")).unwrap();
+    let top = Layer::default()
+        .file("bin/tool", 0o755, (0, 0), b"tool")
+        .file("etc/root/at-root", 0o644, (0, 0), b"")
+        .file("up/climbed", 0o644, (0, 0), b"")
+        .end();
+    apply(r, &top[..], &LayerLimits::default()).unwrap();
+    assert_eq!(read(&r.join("usr/bin/tool")), "tool");
+    assert!(r.join("at-root").exists() && r.join("climbed").exists());
+    // The absolute symlink names the tree's own path, which is not there.
+    let evil = Layer::default()
+        .file("host/planted", 0o644, (0, 0), b"")
+        .end();
+    let e = apply(r, &evil[..], &LayerLimits::default()).unwrap_err();
+    assert!(matches!(e, LayerError::Refused { .. }), "{e}");
+    assert!(tree(outside.path()).is_empty(), "wrote outside the tree");
+}
+
+#[test]
+fn bad_layers_are_refused_with_the_entry_named_and_nothing_outside_changes() {
+    need_root();
+    use tar::EntryType as T;
+    let big = LayerLimits {
+        max_bytes: 10,
+        max_entries: 3,
+    };
+    let full = Layer::default()
+        .file("a", 0o644, (0, 0), &[7u8; 2000])
+        .end();
+    let cases: Vec<(&str, Vec<u8>, LayerLimits, &str)> = vec![
+        (
+            "absolute path",
+            Layer::default().file("/etc/x", 0o644, (0, 0), b"").end(),
+            LayerLimits::default(),
+            "absolute",
+        ),
+        (
+            "dot-dot",
+            Layer::default().file("a/../../x", 0o644, (0, 0), b"").end(),
+            LayerLimits::default(),
+            "\"..\"",
+        ),
+        (
+            "symlink above the root",
+            Layer::default().symlink("a/l", "../../x").end(),
+            LayerLimits::default(),
+            "above the layer's root",
+        ),
+        (
+            "hard link to nothing",
+            Layer::default().hardlink("a", "missing").end(),
+            LayerLimits::default(),
+            "not there",
+        ),
+        (
+            "hard link to a directory",
+            Layer::default().dir("d", 0o755).hardlink("a", "d").end(),
+            LayerLimits::default(),
+            "directory",
+        ),
+        (
+            "hard link with dot-dot",
+            Layer::default().hardlink("a", "../../etc/shadow").end(),
+            LayerLimits::default(),
+            "\"..\"",
+        ),
+        (
+            "char device",
+            Layer::default()
+                .raw(b"null", T::Char, 0o666, (0, 0), b"", b"", (1, 3))
+                .end(),
+            LayerLimits::default(),
+            "device node",
+        ),
+        (
+            "block device",
+            Layer::default()
+                .raw(b"sda", T::Block, 0o660, (0, 0), b"", b"", (8, 0))
+                .end(),
+            LayerLimits::default(),
+            "device node",
+        ),
+        (
+            "unknown entry type",
+            Layer::default()
+                .raw(b"s", T::new(b'Z'), 0o644, (0, 0), b"", b"", (0, 0))
+                .end(),
+            LayerLimits::default(),
+            "entry type",
+        ),
+        (
+            "bigger than its limit",
+            Layer::default().file("a", 0o644, (0, 0), &[0u8; 11]).end(),
+            big,
+            "bytes",
+        ),
+        (
+            "more entries than its limit",
+            Layer::default()
+                .dir("a", 0o755)
+                .dir("b", 0o755)
+                .dir("c", 0o755)
+                .dir("d", 0o755)
+                .end(),
+            big,
+            "entries",
+        ),
+        (
+            "truncated in a file",
+            full[..1024].to_vec(),
+            LayerLimits::default(),
+            "read the layer",
+        ),
+        (
+            "truncated gzip",
+            gzip(&full)[..40].to_vec(),
+            LayerLimits::default(),
+            "read the layer",
+        ),
+        (
+            "zstd",
+            vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0],
+            LayerLimits::default(),
+            "zstd",
+        ),
+    ];
+    for (what, blob, limits, says) in cases {
+        let outside = tempfile::tempdir().unwrap();
+        let root = outside.path().join("tree");
+        std::fs::create_dir(&root).unwrap();
+        let e = match apply(&root, &blob[..], &limits) {
+            Ok(a) => panic!("{what}: accepted ({a:?})"),
+            Err(e) => e,
+        };
+        let text = format!("{e}");
+        assert!(text.contains(says), "{what}: {text}");
+        assert_eq!(
+            tree(outside.path()).first().map(String::as_str),
+            Some("tree"),
+            "{what}"
+        );
+        assert!(
+            tree(outside.path()).iter().all(|p| p.starts_with("tree")),
+            "{what}: wrote outside the tree: {:?}",
+            tree(outside.path())
+        );
+    }
+    // Cut between two entries, a tar stream still reads to its end: the
+    // diff-id, which the caller checks against the config's, tells.
+    let two = Layer::default()
+        .file("a", 0o644, (0, 0), b"a")
+        .file("b", 0o644, (0, 0), b"b")
+        .end();
+    let root = tempfile::tempdir().unwrap();
+    let a = apply(root.path(), &two[..1024], &LayerLimits::default()).unwrap();
+    assert_ne!(a.diff_id, sha(&two));
+}
