@@ -514,14 +514,7 @@ impl Coordinator {
             if policy == Policy::Off || !none {
                 return Ok(Ending::First(None));
             }
-            // Off the runtime's workers: a session's first begin loads its
-            // watch (tens of ms), and 128 sessions starting at once would
-            // stall every other answer behind them.
-            let (m2, id2) = (m.clone(), id.clone());
-            let begun = tokio::task::spawn_blocking(move || m2.turn_begin(&id2))
-                .await
-                .expect("turn begin does not panic");
-            match begun {
+            match begin_turn(&m, &id).await {
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
                 Err(e) => return Err(drums_session::error_chain(&e)),
             }
@@ -819,14 +812,10 @@ impl Coordinator {
         }
         let released = tokio::spawn(release(rest));
         if last {
-            // Off this worker: a session's first begin loads its watch (tens
-            // of ms), and the release just spawned would wait behind it in
-            // the worker's LIFO slot, which no other worker steals.
-            let (m, id) = (self.manager.clone(), p.session.id.clone());
-            let begun = tokio::task::spawn_blocking(move || m.turn_begin(&id))
-                .await
-                .expect("turn begin does not panic");
-            match begun {
+            // Off this worker (`begin_turn`): the release just spawned would
+            // otherwise wait behind it in the worker's LIFO slot, which no
+            // other worker steals.
+            match begin_turn(&self.manager, &p.session.id).await {
                 // Begun, or begun already (by hand, `drums turn begin`).
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
                 Err(e) => {
@@ -936,4 +925,14 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// Begins the session's next turn on a blocking thread: a session's first
+/// begin loads its watch (tens of ms), and many sessions starting at once
+/// must not stall the runtime's workers, and every answer, behind them.
+async fn begin_turn(m: &Arc<Manager>, id: &str) -> Result<drums_api::TurnBegun, SessionError> {
+    let (m, id) = (m.clone(), id.to_owned());
+    tokio::task::spawn_blocking(move || m.turn_begin(&id))
+        .await
+        .expect("turn begin does not panic")
 }

@@ -329,13 +329,7 @@ impl Tree {
                 )
                 .map_err(io("chown", &full))?;
                 // A directory (checked above), so there is no link to follow.
-                nix::sys::stat::fchmodat(
-                    Some(d),
-                    name,
-                    mode,
-                    nix::sys::stat::FchmodatFlags::FollowSymlink,
-                )
-                .map_err(io("chmod", &full))?;
+                chmod_at(d, name, mode, &full)?;
                 self.dirs.push((p.to_owned(), mtime));
                 Ok(0)
             }
@@ -463,13 +457,8 @@ impl Tree {
                 nix::sys::stat::mknodat(Some(d), name, SFlag::S_IFIFO, mode, 0)
                     .map_err(io("create the fifo", &full))?;
                 self.own_and_time(d, name, uid, gid, mtime, &full)?;
-                nix::sys::stat::fchmodat(
-                    Some(d),
-                    name,
-                    mode,
-                    nix::sys::stat::FchmodatFlags::FollowSymlink,
-                )
-                .map_err(io("chmod", &full))?;
+                // After the chown; a fifo just made, so no link to follow.
+                chmod_at(d, name, mode, &full)?;
                 Ok(0)
             }
             T::Char | T::Block => Err(refused(raw, "a device node")),
@@ -609,6 +598,17 @@ fn lstat_at(d: RawFd, name: &OsStr) -> Option<FileStat> {
 
 fn is(st: &FileStat, kind: SFlag) -> bool {
     st.st_mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// Set the mode of `name` in `d`, which the caller knows is no symlink.
+fn chmod_at(d: RawFd, name: &OsStr, mode: Mode, full: &Path) -> Result<()> {
+    nix::sys::stat::fchmodat(
+        Some(d),
+        name,
+        mode,
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )
+    .map_err(io("chmod", full))
 }
 
 fn mkdir(d: RawFd, name: &OsStr, full: &Path) -> Result<()> {

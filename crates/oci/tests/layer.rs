@@ -241,32 +241,28 @@ fn whiteouts_and_opaque_directories_hide_what_the_layers_below_made() {
         .file("f", 0o644, (0, 0), b"a file, then a directory")
         .end();
     apply(r, &base[..], &LayerLimits::default()).unwrap();
-    let top = Layer::default()
-        .file("a/.wh.x", 0o644, (0, 0), b"")
-        .file("b/.wh.dir", 0o644, (0, 0), b"")
-        .file(".wh.nothing-there", 0o644, (0, 0), b"")
-        .file("keep/new", 0o644, (0, 0), b"new")
-        .file("keep/.wh..wh..opq", 0o644, (0, 0), b"")
-        .file("keep/after", 0o644, (0, 0), b"after")
-        .file("f/inside", 0o644, (0, 0), b"")
-        .end();
+    // The same changes, `f` made a directory first or not.
+    let top = |dir_f: bool| {
+        let mut l = Layer::default();
+        l.file("a/.wh.x", 0o644, (0, 0), b"")
+            .file("b/.wh.dir", 0o644, (0, 0), b"")
+            .file(".wh.nothing-there", 0o644, (0, 0), b"")
+            .file("keep/new", 0o644, (0, 0), b"new")
+            .file("keep/.wh..wh..opq", 0o644, (0, 0), b"")
+            .file("keep/after", 0o644, (0, 0), b"after");
+        if dir_f {
+            l.dir("f", 0o755);
+        }
+        l.file("f/inside", 0o644, (0, 0), b"").end()
+    };
     // `f/inside` goes through a file: refused, since the layer below made
     // it a file and this one never made it a directory.
-    let e = apply(r, &top[..], &LayerLimits::default()).unwrap_err();
+    let e = apply(r, &top(false)[..], &LayerLimits::default()).unwrap_err();
     assert!(
         matches!(e, LayerError::Refused { ref path, .. } if path == "f/inside"),
         "{e}"
     );
-    let top = Layer::default()
-        .file("a/.wh.x", 0o644, (0, 0), b"")
-        .file("b/.wh.dir", 0o644, (0, 0), b"")
-        .file(".wh.nothing-there", 0o644, (0, 0), b"")
-        .file("keep/new", 0o644, (0, 0), b"new")
-        .file("keep/.wh..wh..opq", 0o644, (0, 0), b"")
-        .file("keep/after", 0o644, (0, 0), b"after")
-        .dir("f", 0o755)
-        .file("f/inside", 0o644, (0, 0), b"")
-        .end();
+    let top = top(true);
     let a = apply(r, &top[..], &LayerLimits::default()).unwrap();
     assert_eq!(a.whiteouts, 4);
     assert_eq!(
