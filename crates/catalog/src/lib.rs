@@ -15,14 +15,16 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+mod images;
 mod journal;
 mod versions;
+pub use images::{ImageRow, LayerRow};
 pub use journal::{Command, Exchange};
 pub use versions::{VersionRecord, IN_FLIGHT};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -631,6 +633,11 @@ fn migrate(conn: &Connection) -> Result<()> {
         // The coordinator's journal (journal.rs): new tables only.
         conn.execute_batch(journal::MIGRATE_6)
             .map_err(sql("migrate to schema 6"))?;
+    }
+    if version < 7 {
+        // OCI images (images.rs): new tables only.
+        conn.execute_batch(images::MIGRATE_7)
+            .map_err(sql("migrate to schema 7"))?;
     }
     Ok(())
 }
