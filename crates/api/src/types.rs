@@ -91,6 +91,10 @@ pub struct Session {
     /// Runs without confinement (see `CreateSession::privileged`).
     #[serde(default)]
     pub privileged: bool,
+    /// The ports its OCI image's config exposes (`8080/tcp`): what the
+    /// image says it serves, reachable at the session's address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
 }
 
 /// `GET /v1/sessions/{id}/stats`: what the session's cgroup accounts.
@@ -138,14 +142,65 @@ pub struct ExitStatus {
     pub timed_out: bool,
 }
 
+/// An image sessions start from: one drums built (`kind: drums`, by
+/// debootstrap) or an OCI image pulled or imported (`kind: oci`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Image {
+    /// A drums image's name; an OCI image's first reference, or its id.
     pub name: String,
+    /// `drums` or `oci`.
+    #[serde(default = "drums_kind")]
+    pub kind: String,
+    /// An OCI image's id (`sha256:` of its config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Every reference naming an OCI image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    #[serde(default)]
     pub suite: String,
+    #[serde(default)]
     pub variant: String,
+    #[serde(default)]
     pub packages: Vec<String>,
     pub size_bytes: u64,
+    /// Of `size_bytes`, what is stored once for this and other images
+    /// (OCI layers they share).
+    #[serde(default)]
+    pub shared_bytes: u64,
+    /// Layers, base first (OCI).
+    #[serde(default)]
+    pub layers: u32,
     pub created_at: i64,
+}
+
+fn drums_kind() -> String {
+    "drums".into()
+}
+
+/// `POST /v1/images/pull`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PullRequest {
+    pub reference: String,
+    /// Plain HTTP to the registry.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Basic credentials for the registry, read by the client from its
+    /// auth.json or docker config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+/// The answer to a pull or import, and `DELETE /v1/images/{image}`'s.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageRef {
+    /// The image id; none when a removal only untagged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

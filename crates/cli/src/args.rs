@@ -36,6 +36,28 @@ pub struct Global {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Import a `docker save` archive, an oci-archive, or an OCI image
+    /// layout directory; prints the image's id.
+    Import {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove images (by reference or id); refused while a session or a
+    /// checkpoint uses one. A reference on an image with others is untagged.
+    Rm {
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// List images (as `drums images`).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a session and print its id once it is ready.
     Create(CreateArgs),
@@ -53,11 +75,27 @@ pub enum Command {
         #[arg(required = true)]
         sessions: Vec<String>,
     },
-    /// List images.
+    /// List images: drums' own and OCI images, with the bytes they share.
     Images {
         #[arg(long)]
         json: bool,
     },
+    /// Pull an OCI image from a registry (credentials from auth.json or
+    /// ~/.docker/config.json); prints its id.
+    Pull {
+        /// e.g. `registry.example:5000/team/task:v1`; `alpine` means
+        /// `docker.io/library/alpine:latest`, as in podman.
+        reference: String,
+        /// Plain HTTP to the registry.
+        #[arg(long)]
+        insecure: bool,
+        /// No progress.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// OCI images: import an archive, remove.
+    #[command(subcommand)]
+    Image(ImageCmd),
     /// Checkpoint a session (CRIU + a btrfs snapshot), or `checkpoint rm ID`.
     Checkpoint(CheckpointCmd),
     /// This host's key for signing checkpoint archives.

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use bytes::Bytes;
-use drums_api::{Client, CreateSession, ExecRequest, ImageList, Limits, Session, SessionList};
+use drums_api::{Client, CreateSession, ExecRequest, Limits, Session, SessionList};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 
@@ -249,10 +249,16 @@ pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
                 s.id.clone(),
                 s.name.clone(),
                 s.profile.clone(),
+                crate::images::short_image(&s.image),
                 s.state.clone(),
                 s.ip.clone().unwrap_or_else(|| "-".into()),
                 s.hostname.clone(),
                 limits_cell(&s.limits),
+                if s.ports.is_empty() {
+                    "-".into()
+                } else {
+                    s.ports.join(",")
+                },
                 format!("{}s", (now - s.created_at_ms).max(0) / 1000),
             ]
         })
@@ -260,7 +266,10 @@ pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
     print!(
         "{}",
         table::render(
-            &["ID", "NAME", "PROFILE", "STATE", "IP", "HOSTNAME", "LIMITS", "AGE"],
+            &[
+                "ID", "NAME", "PROFILE", "IMAGE", "STATE", "IP", "HOSTNAME", "LIMITS", "PORTS",
+                "AGE"
+            ],
             &rows
         )
     );
@@ -602,31 +611,6 @@ pub async fn audit(c: &Client, a: &str, b: &str, json: bool) -> Result<i32, Fail
         println!("\naudit {}", if r.passed { "passed" } else { "FAILED" });
     }
     Ok(if r.passed { exit::OK } else { exit::INTERNAL })
-}
-
-pub async fn images(c: &Client, json: bool) -> Result<i32, Failure> {
-    let l: ImageList = c.json(Method::GET, "/v1/images", None::<&()>).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&l).expect("serialize"));
-        return Ok(exit::OK);
-    }
-    let rows: Vec<Vec<String>> = l
-        .images
-        .iter()
-        .map(|i| {
-            vec![
-                i.name.clone(),
-                format!("{} ({})", i.suite, i.variant),
-                format!("{} MiB", i.size_bytes >> 20),
-                i.packages.join(" "),
-            ]
-        })
-        .collect();
-    print!(
-        "{}",
-        table::render(&["NAME", "SUITE", "SIZE", "PACKAGES"], &rows)
-    );
-    Ok(exit::OK)
 }
 
 pub fn now_ms() -> i64 {

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod demo;
 pub mod eval;
 pub mod exit;
+pub mod images;
 pub mod inspect;
 pub mod table;
 pub mod versions;

@@ -1,7 +1,7 @@
 //! drums: parse the command line, connect to drumsd, run one subcommand.
 
 use clap::Parser;
-use drums_cli::args::{BenchCommand, Command};
+use drums_cli::args::{BenchCommand, Command, ImageCmd};
 use drums_cli::{bench, commands, connect, demo, eval, inspect, Cli};
 
 fn main() {
@@ -52,7 +52,17 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Cp { src, dst } => commands::cp(&c, src, dst).await,
         Command::Ps { json } => commands::ps(&c, *json).await,
         Command::Rm { sessions } => commands::rm(&c, sessions).await,
-        Command::Images { json } => commands::images(&c, *json).await,
+        Command::Images { json } => drums_cli::images::list(&c, *json).await,
+        Command::Pull {
+            reference,
+            insecure,
+            quiet,
+        } => drums_cli::images::pull(&c, reference, *insecure, *quiet).await,
+        Command::Image(ImageCmd::Import { file, json }) => {
+            drums_cli::images::import(&c, file, *json).await
+        }
+        Command::Image(ImageCmd::Rm { images }) => drums_cli::images::rm(&c, images).await,
+        Command::Image(ImageCmd::Ls { json }) => drums_cli::images::list(&c, *json).await,
         Command::Checkpoint(cmd) => commands::checkpoint(&c, cmd).await,
         Command::Key(drums_cli::args::KeyCmd::Show { json }) => commands::key_show(&c, *json).await,
         Command::Checkpoints { json } => commands::checkpoints(&c, *json).await,

@@ -144,6 +144,15 @@ pub struct DaemonArgs {
     /// Test-only: serve POST /v1/debug/faults.
     #[arg(long)]
     pub enable_fault_injection: bool,
+    /// The only registries `drums pull` may reach (`host[:port]`, comma
+    /// separated); any by default. A pull from another is refused before
+    /// any connection.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_registries: Option<Vec<String>>,
+    /// The most one image layer may unpack to (SIZE); a pull or import with
+    /// a bigger one is refused. Also the most a layer blob may be.
+    #[arg(long, value_parser = parse_size_arg, default_value = "32G")]
+    pub image_layer_max: u64,
     /// Turn on KSM (host-wide) while drumsd runs, so identical pages of
     /// sessions, above all restored siblings, are stored once; the previous
     /// settings come back when drumsd stops. See docs/desktop.md.
@@ -197,6 +206,8 @@ impl DaemonArgs {
             default_limits: self.default_limits(),
             sessions_caps: self.sessions_caps(),
             fault_injection: self.enable_fault_injection,
+            allowed_registries: self.allowed_registries.clone(),
+            image_layer_max: self.image_layer_max,
             ready_timeout: Duration::from_secs(self.ready_timeout),
         })
     }

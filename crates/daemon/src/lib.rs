@@ -6,6 +6,7 @@
 pub mod bounded;
 pub mod config;
 pub mod error;
+mod images;
 pub mod json;
 pub mod ksm;
 pub mod lock;

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use bytes::Bytes;
-use drums_api::{CreateSession, Fault, Image, ImageList, SessionList, Version};
+use drums_api::{CreateSession, Fault, SessionList, Version};
 use drums_session::Manager;
 use tracing::info;
 
@@ -50,7 +50,10 @@ fn table() -> Vec<Route> {
     use Method as M;
     vec![
         route(M::GET, "/v1/version", version),
-        route(M::GET, "/v1/images", images),
+        route(M::GET, "/v1/images", crate::images::list),
+        route(M::POST, "/v1/images/pull", crate::images::pull),
+        route(M::POST, "/v1/images/import", crate::images::import),
+        route(M::DELETE, "/v1/images/{image}", crate::images::remove),
         route(M::GET, "/v1/sessions", list),
         route(M::POST, "/v1/sessions", create),
         route(M::GET, "/v1/sessions/{session}", show),
@@ -158,29 +161,6 @@ async fn version(State(m): State<AppState>) -> Json<Version> {
         pid: std::process::id(),
         state_dir: m.config().state_dir.display().to_string(),
     })
-}
-
-async fn images(State(m): State<AppState>) -> Result<Json<ImageList>> {
-    let list = m.images().list().map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            drums_session::error_chain(&e),
-        )
-    })?;
-    Ok(Json(ImageList {
-        images: list
-            .into_iter()
-            .map(|i| Image {
-                name: i.name,
-                suite: i.suite,
-                variant: i.variant,
-                packages: i.packages,
-                size_bytes: i.size_bytes,
-                created_at: i.created_at as i64,
-            })
-            .collect(),
-    }))
 }
 
 async fn list(State(m): State<AppState>) -> Result<Json<SessionList>> {
@@ -537,6 +517,7 @@ async fn exec(
     req: Request,
 ) -> Result<Response> {
     let session = m.get(&id)?;
+    let req = crate::images::with_defaults(&m, &session.image, req).await?;
     if c.coordinates(&session.id) {
         return crate::reissue::exec(m, c, session, req).await;
     }

@@ -30,7 +30,16 @@ fn the_api_answers_as_its_spec_says_under_fuzzing() {
     let st = schemathesis();
     // All sessions together get 2 GiB and 8192 tasks, whatever limits the
     // fuzzer asks for; each one gets drumsd's defaults unless it asks.
-    let mut d = TestDaemon::start_with(&["--sessions-memory", "2G", "--sessions-pids", "8192"]);
+    // Pulls reach no registry but a closed port on loopback: the fuzzer's
+    // references name hosts on the internet.
+    let mut d = TestDaemon::start_with(&[
+        "--sessions-memory",
+        "2G",
+        "--sessions-pids",
+        "8192",
+        "--allowed-registries",
+        "127.0.0.1:1",
+    ]);
     let proxy = Loopback::start(d.client.socket());
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../api/openapi.yaml");

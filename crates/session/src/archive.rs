@@ -323,12 +323,12 @@ impl Manager {
                 crate::error_chain(&e)
             ))
         })?;
-        match self.images.get(&m.session.image) {
+        match self.resolve_image(&m.session.image) {
             Ok(_) => Ok(()),
-            Err(drums_image::ImageError::NotFound(n)) => Err(SessionError::Invalid(format!(
+            Err(SessionError::ImageNotFound(n)) => Err(SessionError::Invalid(format!(
                 "the archive's checkpoint needs the image {n:?}, which this host does not have"
             ))),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 }

@@ -20,13 +20,13 @@ impl Manager {
     /// Create a session and return once its guest agent answers.
     pub async fn create(&self, req: &CreateSession) -> Result<Session, SessionError> {
         let spec = Spec::from_request(req, &self.limits)?;
-        let image = self.images.get(&spec.image)?;
+        let image = self.resolve_image(&spec.image)?;
         // The desktop's services and user come with the image's desktop
         // layer: without it the guest cannot start them, which is the
         // caller's choice of image, not drums failing.
         if spec.desktop.is_some() && !image.desktop {
             return Err(SessionError::Invalid(format!(
-                "image {:?} has no desktop layer: the desktop profile needs an image built as desktop",
+                "image {:?} has no desktop layer: the desktop profile needs a drums image built as desktop",
                 spec.image
             )));
         }
@@ -37,7 +37,7 @@ impl Manager {
             id,
             name,
             profile: spec.profile.clone(),
-            image: spec.image.clone(),
+            image: image.key.clone(),
             state: "creating".into(),
             network: spec.network.as_str().into(),
             egress: spec.egress.as_str().into(),

@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod faults;
 pub mod ids;
+pub mod images;
 pub mod inspect;
 pub mod limits;
 pub mod manager;
@@ -71,6 +72,10 @@ pub enum SessionError {
     Net(#[from] drums_net::NetError),
     #[error("image")]
     Image(#[source] drums_image::ImageError),
+    #[error("image store")]
+    Oci(#[source] drums_oci::StoreOpError),
+    #[error("image source")]
+    OciSource(#[from] drums_oci::SourceError),
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -88,6 +93,8 @@ pub enum SessionError {
     Key(#[from] drums_checkpoint::keys::KeyError),
     #[error("user namespace")]
     Ids(#[from] drums_sys::SysError),
+    #[error("install the host's loader for drums' programs in sessions")]
+    Loader(#[from] drums_init::loader::LoaderError),
     #[error("hygiene: {0}")]
     Hygiene(String),
     #[error("desktop: {0}")]
@@ -174,6 +181,19 @@ impl SessionError {
             }
             SessionError::Archive(_) => ErrorKind::BadRequest,
             SessionError::Conflict(_) => ErrorKind::Conflict,
+            SessionError::Oci(e) => match e {
+                drums_oci::StoreOpError::InUse { .. } => ErrorKind::Conflict,
+                drums_oci::StoreOpError::Ambiguous(..)
+                | drums_oci::StoreOpError::Layer { .. }
+                | drums_oci::StoreOpError::DiffId { .. }
+                | drums_oci::StoreOpError::NoLayers(_) => ErrorKind::BadRequest,
+                _ => ErrorKind::Internal,
+            },
+            // What a registry or an archive handed over, or the registry's state:
+            // the request's to fix, not drumsd's.
+            SessionError::OciSource(e) if !matches!(e, drums_oci::SourceError::Io { .. }) => {
+                ErrorKind::BadRequest
+            }
             SessionError::Version(e) => e.kind(),
             SessionError::Engine(e) => match e {
                 drums_engine::EngineError::Busy { .. } | drums_engine::EngineError::ShutDown => {
@@ -210,6 +230,15 @@ impl From<drums_catalog::CatalogError> for SessionError {
         match e {
             drums_catalog::CatalogError::NameTaken(n) => SessionError::NameTaken(n),
             e => SessionError::Catalog(e),
+        }
+    }
+}
+
+impl From<drums_oci::StoreOpError> for SessionError {
+    fn from(e: drums_oci::StoreOpError) -> Self {
+        match e {
+            drums_oci::StoreOpError::NotFound(n) => SessionError::ImageNotFound(n),
+            e => SessionError::Oci(e),
         }
     }
 }

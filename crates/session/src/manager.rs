@@ -58,16 +58,22 @@ pub struct ManagerConfig {
     /// What all sessions together may use (the parent cgroup's limits).
     pub sessions_caps: drums_cgroup::ParentCaps,
     pub fault_injection: bool,
+    /// The registries pulls may reach; `None`: any.
+    pub allowed_registries: Option<Vec<String>>,
+    /// The most one OCI layer may unpack to, and its blob may be.
+    pub image_layer_max: u64,
     pub ready_timeout: Duration,
 }
 
 pub struct Manager {
     pub(crate) cfg: ManagerConfig,
-    pub(crate) catalog: Catalog,
+    pub(crate) catalog: std::sync::Arc<Catalog>,
     pub(crate) store_root: PathBuf,
     /// Kept open for the daemon's life; its mount is in the ledger too.
     _store: Mutex<Option<Store>>,
     pub(crate) images: ImageStore,
+    /// OCI images, in the btrfs store (docs/oci.md).
+    pub(crate) oci: drums_oci::OciStore,
     pub(crate) net: Net,
     /// `net.ipv4.ip_forward`, turned on with the first session that has
     /// egress `nat` and put back at shutdown.
@@ -144,7 +150,7 @@ impl Manager {
         let state = &cfg.state_dir;
         std::fs::create_dir_all(state.join("sessions"))
             .map_err(io("create", state.join("sessions")))?;
-        let catalog = Catalog::open(&state.join("catalog.db"))?;
+        let catalog = std::sync::Arc::new(Catalog::open(&state.join("catalog.db"))?);
         let bin_dir = installed_bin_dir(state);
         install_binaries(&cfg.bin_src, &bin_dir)?;
 
@@ -171,6 +177,8 @@ impl Manager {
         std::fs::create_dir_all(store_root.join("sessions"))
             .map_err(io("create", store_root.join("sessions")))?;
         let limits = quota_store(&store_root, &cfg)?;
+        let mut oci = crate::images::open_oci(&store_root, &catalog)?;
+        oci.limits.max_bytes = cfg.image_layer_max;
 
         let net = Net::new().await?;
         // A tmpfs of our own as CRIU's /run, so it can cache its kernel probes
@@ -215,6 +223,7 @@ impl Manager {
         let cfg_parent = cfg.cgroup_parent.clone();
         let m = Manager {
             images: ImageStore::new(cfg.images_dir.clone()),
+            oci,
             cfg,
             catalog,
             store_root,
@@ -390,6 +399,22 @@ impl Manager {
     /// next start, and the rows it could not remove stay in the ledger.
     async fn sweep(&self) -> Found {
         let mut found = Found::default();
+        // A pull or import cut short: its staging, and layers no image uses.
+        let oci = self.oci.clone();
+        match tokio::task::spawn_blocking(move || oci.sweep())
+            .await
+            .expect("no panic")
+        {
+            Ok(s) if s != drums_oci::Swept::default() => {
+                info!(
+                    staging = s.staging,
+                    layers = s.layers,
+                    "sweep: removed what an image pull or import left"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => warn!("sweep: images: {}", crate::error_chain(&e)),
+        }
         let sessions = match self.catalog.sessions() {
             Ok(s) => s,
             Err(e) => {
@@ -482,11 +507,28 @@ impl Manager {
     }
 
     pub fn list(&self) -> Result<Vec<Session>, SessionError> {
-        Ok(self.catalog.sessions()?.into_iter().map(to_api).collect())
+        let mut ports = std::collections::HashMap::new();
+        Ok(self
+            .catalog
+            .sessions()?
+            .into_iter()
+            .map(|r| {
+                let p = ports
+                    .entry(r.image.clone())
+                    .or_insert_with(|| self.image_ports(&r.image))
+                    .clone();
+                Session {
+                    ports: p,
+                    ..to_api(r)
+                }
+            })
+            .collect())
     }
 
     pub fn get(&self, id_or_name: &str) -> Result<Session, SessionError> {
-        self.record(id_or_name).map(to_api)
+        let r = self.record(id_or_name)?;
+        let ports = self.image_ports(&r.image);
+        Ok(Session { ports, ..to_api(r) })
     }
 
     /// A session that must be running, with its init's pid.
@@ -703,6 +745,7 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         generation: r.generation,
         origin: r.origin,
         privileged: r.privileged,
+        ports: Vec::new(),
     }
 }
 
@@ -786,6 +829,8 @@ pub fn installed_bin_dir(state: &Path) -> PathBuf {
 
 /// Copy drums-init and drums-guest beside the state, atomically (rename), and
 /// only when they changed: running sessions keep the inode they started with.
+/// Then the host's loader and the libraries they need, which they run on
+/// inside a session whatever libc its image has (`drums_init::loader`).
 fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
     std::fs::create_dir_all(dst).map_err(io("create", dst))?;
     // Readable by every session range; writable by root only.
@@ -804,5 +849,6 @@ fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
             .map_err(io("chmod", &tmp))?;
         std::fs::rename(&tmp, &to).map_err(io("rename", &to))?;
     }
+    drums_init::loader::install(dst)?;
     Ok(())
 }

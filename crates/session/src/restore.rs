@@ -88,7 +88,7 @@ impl Manager {
                 source,
             })?;
         // Looked up once for all siblings: their overlay's lower layer.
-        let lower = self.images.get(&m.session.image)?.rootfs;
+        let lower = self.resolve_image(&m.session.image)?.rootfs;
 
         let results = futures::future::join_all(
             (0..count).map(|_| self.restore_one(&m, &limits, &lower, name)),

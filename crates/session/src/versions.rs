@@ -731,7 +731,7 @@ impl Manager {
                 checkpoint: target.id.clone(),
                 source,
             })?;
-        let lower = self.images.get(&m.session.image)?.rootfs;
+        let lower = self.resolve_image(&m.session.image)?.rootfs;
         // A files-only version (the files policy) has no processes: the
         // session starts cold on its files, as after a reboot.
         let cold = match m.process_of() {

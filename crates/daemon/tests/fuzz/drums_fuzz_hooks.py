@@ -110,6 +110,18 @@ KNOWN = [
     ),
     (
         "ST202",
+        ("POST /v1/images/import",),
+        _kind_is("bad_request"),
+        "spec: what makes an image archive valid is docs/oci.md, not a schema",
+    ),
+    (
+        "ST202",
+        ("POST /v1/images/pull",),
+        _says("is not one drumsd may pull from", "invalid reference", "is down"),
+        "spec: the registries a pull may reach are the host's policy (--allowed-registries)",
+    ),
+    (
+        "ST202",
         ("POST /v1/debug/faults",),
         _says("unknown fault point", "can be held"),
         "spec: the fault points are the daemon's own (test-only route)",
