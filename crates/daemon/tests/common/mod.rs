@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 
+pub mod oci;
+pub mod registry;
+
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Run a test's async body on a runtime of its own.
@@ -112,11 +115,13 @@ impl TestDaemon {
             .append(true)
             .open(self.log_path())
             .unwrap();
+        // A test may bring images of its own (`--images-dir` among its flags).
+        let images = (!self.extra_args.iter().any(|a| a == "--images-dir"))
+            .then(|| ["--images-dir".into(), images_dir()]);
         Command::new(env!("CARGO_BIN_EXE_drumsd"))
             .arg("--state-dir")
             .arg(self.state.path())
-            .arg("--images-dir")
-            .arg(images_dir())
+            .args(images.into_iter().flatten())
             .arg("--bin-dir")
             .arg(bin_dir())
             .args([

@@ -1,0 +1,530 @@
+//! OCI images end to end (issue 14, docs/oci.md), against a real registry
+//! (Debian's docker-registry on loopback) and real archives made by skopeo:
+//! pull, create, exec with the image's config, checkpoint, restore siblings,
+//! shared layers measured on btrfs, import of the same image as a docker
+//! archive, an oci-archive and a layout directory, removal refused while in
+//! use; and every kind of bad input refused, leaving no subvolume, staging
+//! file or catalog row.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use common::oci::{self, ImageSpec, Layer, Tamper};
+use common::registry::Registry;
+use common::{require_root, TestDaemon};
+
+fn ok(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+fn fails(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        !o.status.success(),
+        "{what}: succeeded but must not\nstdout: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).trim().to_owned()
+}
+
+fn oci_dir(d: &TestDaemon) -> PathBuf {
+    d.state.path().join("store/oci")
+}
+
+fn entries(p: &Path) -> Vec<String> {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn oci_images(d: &TestDaemon) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&d.drums(&["images", "--json"]), "images")).unwrap();
+    v["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "oci")
+        .cloned()
+        .collect()
+}
+
+/// Nothing of any image is in the store: no layer subvolume, no staging,
+/// no image row.
+fn assert_no_image_left(d: &TestDaemon, what: &str) {
+    let layers = entries(&oci_dir(d).join("layers"));
+    let tmp = entries(&oci_dir(d).join("tmp"));
+    assert!(
+        layers.is_empty(),
+        "{what}: layer subvolumes left: {layers:?}"
+    );
+    assert!(tmp.is_empty(), "{what}: staging left: {tmp:?}");
+    assert!(
+        oci_images(d).is_empty(),
+        "{what}: images left: {:?}",
+        oci_images(d)
+    );
+}
+
+/// Bytes the store's btrfs uses, after a sync.
+fn store_used(d: &TestDaemon) -> u64 {
+    let store = d.state.path().join("store");
+    let f = std::fs::File::open(&store).unwrap();
+    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap();
+    let s = nix::sys::statvfs::statvfs(&store).unwrap();
+    (s.blocks() - s.blocks_free()) * s.fragment_size()
+}
+
+#[test]
+fn a_pulled_image_runs_with_its_config_checkpoints_restores_and_shares_its_base() {
+    require_root();
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let two = work.path().join("two");
+    oci::write_layout(&two, &oci::two_layer_image(), "latest");
+    reg.push_layout(&two, "drums/two:latest");
+    let user = work.path().join("user");
+    oci::write_layout(&user, &oci::user_workdir_image(), "latest");
+    reg.push_layout(&user, "drums/user:latest");
+    let mut d = TestDaemon::start();
+    let two_ref = format!("{}/drums/two:latest", reg.addr());
+    let user_ref = format!("{}/drums/user:latest", reg.addr());
+
+    let before = store_used(&d);
+    let o = d.drums(&["pull", "--insecure", &two_ref]);
+    if !o.status.success() {
+        eprintln!("{}", d.log());
+    }
+    let two_id = ok(&o, "pull two");
+    let after_first = store_used(&d);
+    let user_id = ok(
+        &d.drums(&["pull", "--insecure", "-q", &user_ref]),
+        "pull user",
+    );
+    let after_second = store_used(&d);
+    assert!(two_id.starts_with("sha256:") && user_id.starts_with("sha256:"));
+    // The base is stored once: the second image costs its own layer, not
+    // the ~300 MiB base again.
+    let base = oci::base_layer().bytes().len() as u64;
+    let (first, second) = (after_first - before, after_second - after_first);
+    eprintln!(
+        "store: first image +{} MiB, second +{} MiB, base tar {} MiB",
+        first >> 20,
+        second >> 20,
+        base >> 20
+    );
+    assert!(
+        first > base / 2,
+        "the first pull stored {first} bytes for a {base}-byte base"
+    );
+    assert!(
+        second < 32 << 20,
+        "the second image on the same base took {second} bytes"
+    );
+    let images = oci_images(&d);
+    assert_eq!(images.len(), 2, "{images:?}");
+    for i in &images {
+        assert!(i["shared_bytes"].as_u64().unwrap() >= base / 2, "{i}");
+        assert_eq!(i["layers"], 2);
+    }
+    // Pulled again: nothing fetched, same id.
+    assert_eq!(
+        ok(
+            &d.drums(&["pull", "--insecure", "-q", &two_ref]),
+            "pull again"
+        ),
+        two_id
+    );
+
+    // The two-layer image: its top layer's file, and the base's file it deleted.
+    common::run(async {
+        let s = d
+            .create(&drums_api::CreateSession {
+                image: Some(two_ref.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(s.image, two_id);
+        let (code, out, _) = d.sh(
+            &s.id,
+            "cat /etc/drums-layer2; test -e /etc/debian_version; echo $?",
+        );
+        assert_eq!((code, out.as_str()), (0, "layer 2\n1"));
+
+        // The user image: User, WorkingDir, Env, and ExposedPorts in ps.
+        let u = d
+            .create(&drums_api::CreateSession {
+                image: Some(user_ref.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let (code, out, err) = d.sh(&u.id, "id -un; id -u; pwd; echo $FOO");
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, "worker\n1000\n/home/worker\nbar");
+        let (_, out, _) = d.sh(&u.id, "touch mine && stat -c %u mine");
+        assert_eq!(out, "1000");
+        // A request's own user wins over the image's.
+        let o = d.drums(&["exec", "--user", "root", &u.id, "--", "id", "-u"]);
+        assert_eq!(ok(&o, "exec as root"), "0");
+        let ps = ok(&d.drums(&["ps"]), "ps");
+        assert!(ps.contains("8080/tcp"), "{ps}");
+
+        // Checkpoint, then two siblings that keep the image's files and config.
+        d.sh(&u.id, "echo warm > /home/worker/state");
+        let ck: drums_api::Checkpoint = d
+            .client
+            .json(
+                hyper::Method::POST,
+                "/v1/checkpoints",
+                Some(&drums_api::CreateCheckpoint {
+                    session: u.id.clone(),
+                    name: Some("warm-oci".into()),
+                    clean: false,
+                    leave_running: true,
+                }),
+            )
+            .await
+            .unwrap();
+        let ck = ck.id;
+        let sibs = d.restore(&ck, 2).await.unwrap().sessions;
+        assert_eq!(sibs.len(), 2);
+        for sib in &sibs {
+            assert_eq!(sib.image, user_id);
+            let (code, out, _) = d.sh(&sib.id, "cat /home/worker/state; id -un; pwd");
+            assert_eq!((code, out.as_str()), (0, "warm\nworker\n/home/worker"));
+        }
+
+        // In use by sessions and a checkpoint: refused, by reference or id.
+        let err = fails(&d.drums(&["image", "rm", &user_ref]), "rm in use");
+        assert!(err.contains("in use") && err.contains("session"), "{err}");
+        for sib in &sibs {
+            d.rm(&sib.id).await.unwrap();
+        }
+        d.rm(&u.id).await.unwrap();
+        let err = fails(
+            &d.drums(&["image", "rm", &user_id]),
+            "rm used by a checkpoint",
+        );
+        assert!(err.contains("checkpoint warm-oci"), "{err}");
+        ok(&d.drums(&["checkpoint", "rm", &ck]), "checkpoint rm");
+        ok(&d.drums(&["image", "rm", &user_ref]), "rm user");
+        assert_eq!(oci_images(&d).len(), 1);
+        d.rm(&s.id).await.unwrap();
+        ok(&d.drums(&["image", "rm", &two_ref]), "rm two");
+    });
+    assert_no_image_left(&d, "after removing both");
+    d.stop_and_check_leaks();
+}
+
+/// Paths, types, modes, owners, sizes, link targets and file contents of a
+/// tree, for comparing two stores of one image.
+fn tree_digest(root: &Path) -> BTreeMap<String, String> {
+    use sha2::{Digest, Sha256};
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let what = if m.file_type().is_symlink() {
+                format!("l {}", std::fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                "d".into()
+            } else if m.is_file() {
+                format!("f {:x}", Sha256::digest(std::fs::read(&p).unwrap()))
+            } else {
+                "o".into()
+            };
+            out.insert(
+                rel,
+                format!("{what} {:o} {}:{} {}", m.mode(), m.uid(), m.gid(), m.size()),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn docker_archive_oci_archive_and_layout_import_as_the_same_image() {
+    require_root();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("layout");
+    oci::write_layout(&layout, &oci::two_layer_image(), "drums/two:v1");
+    let docker = work.path().join("docker.tar");
+    let ociar = work.path().join("oci.tar");
+    oci::to_docker_archive(&layout, "drums/two:v1", &docker);
+    oci::to_oci_archive(&layout, "drums/two:v1", &ociar);
+    let mut d = TestDaemon::start();
+    let mut seen = Vec::new();
+    for src in [&docker, &ociar, &layout] {
+        let id = ok(
+            &d.drums(&["image", "import", src.to_str().unwrap()]),
+            "import",
+        );
+        let images = oci_images(&d);
+        assert_eq!(images.len(), 1, "{images:?}");
+        let layers = entries(&oci_dir(&d).join("layers"));
+        assert_eq!(layers.len(), 2, "{layers:?}");
+        // The top layer's subvolume holds the whole image.
+        let tops: Vec<_> = layers
+            .iter()
+            .map(|l| oci_dir(&d).join("layers").join(l))
+            .filter(|p| p.join("etc/drums-layer2").exists())
+            .collect();
+        assert_eq!(tops.len(), 1);
+        assert!(!tops[0].join("etc/debian_version").exists());
+        seen.push((
+            src.display().to_string(),
+            id.clone(),
+            layers.clone(),
+            tree_digest(&tops[0]),
+        ));
+        // A session from it, by id.
+        common::run(async {
+            let s = d
+                .create(&drums_api::CreateSession {
+                    image: Some(id.clone()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(d.sh(&s.id, "cat /etc/drums-layer2").1, "layer 2");
+            d.rm(&s.id).await.unwrap();
+        });
+        ok(&d.drums(&["image", "rm", &id]), "rm");
+        assert_no_image_left(&d, "after rm");
+    }
+    for w in seen.windows(2) {
+        assert_eq!(w[0].1, w[1].1, "ids of {} and {}", w[0].0, w[1].0);
+        let mut a = w[0].2.clone();
+        let mut b = w[1].2.clone();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "layers of {} and {}", w[0].0, w[1].0);
+        assert!(
+            w[0].3 == w[1].3,
+            "trees of {} and {} differ",
+            w[0].0,
+            w[1].0
+        );
+    }
+    d.stop_and_check_leaks();
+}
+
+/// A small image: a good base layer, then `top`.
+fn small(top: Layer) -> ImageSpec {
+    let base = Layer::builder()
+        .dir("bin", 0o755, 0, 0)
+        .file("bin/hello", b"hello\n", 0o755, 0, 0)
+        .dir("etc", 0o755, 0, 0)
+        .build(true);
+    ImageSpec::new(vec![base, top])
+}
+
+fn raw(path: &[u8], kind: tar::EntryType, data: &[u8]) -> Layer {
+    Layer::builder()
+        .raw_entry(oci::raw_header(path, kind, 0o644, data.len() as u64), data)
+        .build(false)
+}
+
+#[test]
+fn bad_images_are_refused_and_leave_nothing() {
+    require_root();
+    let work = tempfile::tempdir().unwrap();
+    // A layer limit the big-layer case passes.
+    let mut d = TestDaemon::start_with(&["--image-layer-max", "1M"]);
+    let good_top = || {
+        Layer::builder()
+            .file("etc/ok", b"ok\n", 0o644, 0, 0)
+            .build(true)
+    };
+    let mut link_escape = oci::raw_header(b"etc/up", tar::EntryType::Symlink, 0o777, 0);
+    oci::set_raw_link(&mut link_escape, b"../../../../etc");
+    let mut hard_escape = oci::raw_header(b"etc/h", tar::EntryType::Link, 0o644, 0);
+    oci::set_raw_link(&mut hard_escape, b"../../etc/passwd");
+    let cases: Vec<(&str, ImageSpec, Tamper, &str)> = vec![
+        ("digest", small(good_top()), Tamper::LayerDigest, "digest"),
+        ("diff-id", small(good_top()), Tamper::DiffId, "diff-id"),
+        (
+            "zstd",
+            small(good_top()),
+            Tamper::LayerMediaType(oci::MEDIA_LAYER_ZSTD.into()),
+            "media type",
+        ),
+        (
+            "media type",
+            small(good_top()),
+            Tamper::LayerMediaType("application/x-garbage".into()),
+            "media type",
+        ),
+        (
+            "arm64",
+            small(good_top()),
+            Tamper::Platform("arm64"),
+            "arm64",
+        ),
+        (
+            "index arm64",
+            small(good_top()),
+            Tamper::IndexOnlyArch("arm64"),
+            "linux/amd64",
+        ),
+        (
+            "absolute",
+            small(raw(b"/etc/abs", tar::EntryType::Regular, b"x")),
+            Tamper::None,
+            "refused",
+        ),
+        (
+            "dotdot",
+            small(raw(b"etc/../../x", tar::EntryType::Regular, b"x")),
+            Tamper::None,
+            "refused",
+        ),
+        (
+            "symlink escape",
+            small(
+                Layer::builder()
+                    .raw_entry(link_escape.clone(), b"")
+                    .build(false),
+            ),
+            Tamper::None,
+            "refused",
+        ),
+        (
+            "hard link escape",
+            small(
+                Layer::builder()
+                    .raw_entry(hard_escape.clone(), b"")
+                    .build(false),
+            ),
+            Tamper::None,
+            "refused",
+        ),
+        (
+            "device",
+            small(
+                Layer::builder()
+                    .raw_entry(
+                        oci::raw_header(b"dev-null", tar::EntryType::Char, 0o666, 0),
+                        b"",
+                    )
+                    .build(false),
+            ),
+            Tamper::None,
+            "refused",
+        ),
+        (
+            "too big",
+            small(
+                Layer::builder()
+                    .file("big", &vec![7u8; 2 << 20], 0o644, 0, 0)
+                    .build(true),
+            ),
+            Tamper::None,
+            "limit",
+        ),
+    ];
+    for (name, image, tamper, says) in cases {
+        let dir = work.path().join(name.replace(' ', "-"));
+        oci::write_layout_with(&dir, &image, "v1", tamper);
+        let archive = work.path().join(format!("{}.tar", name.replace(' ', "-")));
+        oci::tar_layout(&dir, &archive);
+        for src in [&dir, &archive] {
+            let err = fails(&d.drums(&["image", "import", src.to_str().unwrap()]), name);
+            assert!(
+                err.to_lowercase().contains(says),
+                "{name}: the error does not say {says:?}: {err}"
+            );
+            assert_no_image_left(&d, name);
+        }
+    }
+    // A truncated archive: cut inside the last blob.
+    let good = work.path().join("good");
+    oci::write_layout(&good, &small(good_top()), "v1");
+    let full = work.path().join("good.tar");
+    oci::tar_layout(&good, &full);
+    let bytes = std::fs::read(&full).unwrap();
+    let cut = work.path().join("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = fails(
+        &d.drums(&["image", "import", cut.to_str().unwrap()]),
+        "truncated",
+    );
+    assert!(err.contains("truncated") || err.contains("lacks"), "{err}");
+    assert_no_image_left(&d, "truncated");
+    // Not an archive at all.
+    let junk = work.path().join("junk");
+    std::fs::write(&junk, b"not a tar").unwrap();
+    fails(
+        &d.drums(&["image", "import", junk.to_str().unwrap()]),
+        "junk",
+    );
+    assert_no_image_left(&d, "junk");
+
+    // Registries: down, 401, 404, and a blob that does not match its digest.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let err = fails(
+        &d.drums(&["pull", "--insecure", &format!("{closed}/x/y:1")]),
+        "down",
+    );
+    assert!(err.contains("down") || err.contains("refused"), "{err}");
+    let auth = Registry::start_with_basic_auth("u", "p");
+    auth.push_layout(&good, "drums/small:v1");
+    let err = fails(
+        &d.drums(&[
+            "pull",
+            "--insecure",
+            &format!("{}/drums/small:v1", auth.addr()),
+        ]),
+        "401",
+    );
+    assert!(err.contains("not authorised"), "{err}");
+    let reg = Registry::start();
+    let err = fails(
+        &d.drums(&[
+            "pull",
+            "--insecure",
+            &format!("{}/drums/none:v1", reg.addr()),
+        ]),
+        "404",
+    );
+    assert!(err.contains("no image"), "{err}");
+    let image = small(good_top());
+    let top_digest = image.layers[1].digest();
+    let good2 = work.path().join("good2");
+    oci::write_layout(&good2, &image, "v2");
+    reg.push_layout(&good2, "drums/small:v2");
+    reg.corrupt_blob(&top_digest, b"something else entirely");
+    let err = fails(
+        &d.drums(&[
+            "pull",
+            "--insecure",
+            &format!("{}/drums/small:v2", reg.addr()),
+        ]),
+        "corrupt",
+    );
+    assert!(err.contains("digest") || err.contains("bytes"), "{err}");
+    assert_no_image_left(&d, "registries");
+    d.stop_and_check_leaks();
+}
