@@ -34,6 +34,12 @@ pub struct CreateSession {
     /// through NAT; the host and private ranges stay unreachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<String>,
+    /// Start the OCI image's default process (`Entrypoint` then `Cmd`, with
+    /// its `Env`, `WorkingDir` and `User`) once the session is ready, as
+    /// `podman run -d` does; its output goes to /var/log/drums/main.log in
+    /// the session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run: bool,
 }
 
 /// What a desktop session shows when it starts.
@@ -111,8 +117,11 @@ pub struct SessionList {
     pub sessions: Vec<Session>,
 }
 
-/// `POST /v1/sessions/{id}/exec`; passed through to the guest agent unchanged.
+/// `POST /v1/sessions/{id}/exec`; passed through to the guest agent
+/// unchanged, or with an OCI image's defaults (which is why unknown fields
+/// are refused here as the guest refuses them, not dropped).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     pub argv: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -123,6 +132,14 @@ pub struct ExecRequest {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Answer at once with `{"pid":N}` and leave the command running, as
+    /// `podman exec -d`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detach: bool,
+    /// A detached command's stdout and stderr, appended: a path inside the
+    /// session; `/dev/null` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 /// One line of an exec's `application/x-ndjson` response stream.

@@ -224,6 +224,10 @@ pub struct CreateArgs {
     /// through the host's NAT; the host and private ranges stay unreachable).
     #[arg(long, value_name = "none|nat")]
     pub egress: Option<String>,
+    /// Start the OCI image's default process (Entrypoint + Cmd) once ready,
+    /// as `podman run -d`; its output: /var/log/drums/main.log inside.
+    #[arg(long)]
+    pub run: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -308,6 +312,12 @@ pub struct ExecArgs {
     /// Seconds before the command is killed.
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// Leave it running and print its pid, as `podman exec -d`.
+    #[arg(long, short)]
+    pub detach: bool,
+    /// With --detach: where its output goes inside the session (appended).
+    #[arg(long, requires = "detach")]
+    pub log: Option<String>,
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
 }
@@ -454,6 +464,21 @@ pub enum BenchCommand {
         /// Measured rounds (after one unmeasured round).
         #[arg(short = 'n', default_value_t = 20)]
         n: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// OCI images against skopeo+umoci and podman, from a registry the
+    /// bench starts on loopback (drums' default rootfs as the image): pull
+    /// and unpack, create to ready and exec, interleaved; the disk that 10
+    /// images on one base take. Needs root, podman, runc, skopeo, umoci,
+    /// docker-registry. JSON keys are in `crates/cli/src/bench/image.rs`.
+    Image {
+        /// Measured rounds (after one unmeasured round).
+        #[arg(short = 'n', default_value_t = 5)]
+        n: usize,
+        /// The tree the image is made of.
+        #[arg(long, default_value = "/var/lib/drums/images/default/rootfs")]
+        base: PathBuf,
         #[arg(long)]
         json: bool,
     },

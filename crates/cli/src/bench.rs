@@ -12,6 +12,7 @@ mod confinement;
 mod desktop;
 mod engine;
 mod freeze;
+mod image;
 mod inspect;
 mod proxy;
 mod respawn;
@@ -19,6 +20,7 @@ mod respawn;
 pub use confinement::confinement;
 pub use engine::engine;
 pub use freeze::freeze;
+pub use image::image;
 pub use inspect::inspect;
 pub use proxy::proxy;
 

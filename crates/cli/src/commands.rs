@@ -44,6 +44,7 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
         network: a.network.clone(),
         privileged: a.privileged,
         egress: a.egress.clone(),
+        run: a.run,
     })
 }
 
@@ -79,7 +80,20 @@ pub async fn exec(c: &Client, a: &ExecArgs) -> Result<i32, Failure> {
         cwd: a.cwd.clone(),
         user: a.user.clone(),
         timeout_ms,
+        detach: a.detach,
+        log: a.log.clone(),
     };
+    if a.detach {
+        let v: serde_json::Value = c
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{}/exec", enc(&a.session)),
+                Some(&req),
+            )
+            .await?;
+        println!("{}", v["pid"]);
+        return Ok(exit::OK);
+    }
     run_exec(
         c,
         &a.session,

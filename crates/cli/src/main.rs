@@ -116,6 +116,9 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             json,
         }) => bench::proxy(&c, *n, *turns, *proxy, *mock_port, *json).await,
         Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
+        Command::Bench(BenchCommand::Image { n, base, json }) => {
+            bench::image(&c, base, *n, *json).await
+        }
         Command::Eval(_) => unreachable!("handled above"),
     }
 }

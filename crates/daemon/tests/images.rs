@@ -184,6 +184,48 @@ fn a_pulled_image_runs_with_its_config_checkpoints_restores_and_shares_its_base(
         let ps = ok(&d.drums(&["ps"]), "ps");
         assert!(ps.contains("8080/tcp"), "{ps}");
 
+        // The image's default process, on request: Cmd as User in WorkingDir;
+        // and a detached exec, whose output goes to its log.
+        let r = d
+            .create(&drums_api::CreateSession {
+                image: Some(user_ref.clone()),
+                run: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let find = "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+                    [ \"$c\" = 'sleep infinity ' ] && echo \"$(stat -c %u $p) $(readlink $p/cwd)\"; done";
+        let (_, out, _) = d.sh(&r.id, find);
+        assert_eq!(out, "1000 /home/worker", "the default process");
+        let pid = ok(
+            &d.drums(&[
+                "exec",
+                "-d",
+                "--log",
+                "/tmp/d.log",
+                &r.id,
+                "--",
+                "sh",
+                "-c",
+                "echo detached",
+            ]),
+            "exec -d",
+        );
+        assert!(pid.parse::<u32>().is_ok(), "{pid}");
+        let (_, out, _) = d.sh(&r.id, "sleep 0.5; cat /tmp/d.log");
+        assert_eq!(out, "detached");
+        d.rm(&r.id).await.unwrap();
+        // A drums image has no default process to run.
+        let err = d
+            .create(&drums_api::CreateSession {
+                run: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("run needs an OCI image"), "{err}");
+
         // Checkpoint, then two siblings that keep the image's files and config.
         d.sh(&u.id, "echo warm > /home/worker/state");
         let ck: drums_api::Checkpoint = d

@@ -568,6 +568,7 @@ async fn run_argv(
         cwd: Some(cwd.into()),
         user: None,
         timeout_ms: Some(120_000),
+        ..Default::default()
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let st = drums_api::exec(c, name, &req, |s, b| match s {

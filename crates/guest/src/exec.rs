@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::pin::pin;
@@ -77,10 +77,24 @@ pub struct ExecRequest {
     pub user: Option<String>,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Start it and answer at once with its pid (`{"pid":N}`), as `podman
+    /// exec -d`: it outlives the request, and the guest reaps it.
+    #[serde(default)]
+    pub detach: bool,
+    /// Where a detached command's stdout and stderr go (appended; parents
+    /// made); `/dev/null` if none.
+    #[serde(default)]
+    pub log: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
+    #[error("open the detached command's log {}", .path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("argv is empty")]
     EmptyArgv,
     #[error("argv[0] is empty")]
@@ -117,6 +131,9 @@ impl From<ExecError> for ApiError {
     fn from(err: ExecError) -> Self {
         use StatusCode as S;
         let (status, kind) = match &err {
+            // The caller named a path that cannot be a log (a directory, a
+            // symlink, under a file).
+            ExecError::Log { .. } => (S::BAD_REQUEST, "bad_log"),
             ExecError::EmptyArgv
             | ExecError::EmptyProgram
             | ExecError::NulInArgv(_)
@@ -157,6 +174,8 @@ pub struct Prepared {
     pub cwd_defaulted: bool,
     pub account: Account,
     pub timeout: Option<Duration>,
+    /// Detached, with its output here.
+    pub detached: Option<PathBuf>,
 }
 
 /// Validates `req` and resolves user, environment, cwd and program.
@@ -221,7 +240,13 @@ pub fn prepare(req: ExecRequest) -> Result<Prepared, ExecError> {
     };
 
     let program = find_program(argv0, &env["PATH"], &cwd)?;
+    let detached = match (req.detach, &req.log) {
+        (false, _) => None,
+        (true, None) => Some(PathBuf::from("/dev/null")),
+        (true, Some(log)) => Some(paths::resolve(log).map_err(ExecError::CwdPath)?),
+    };
     Ok(Prepared {
+        detached,
         program,
         argv: req.argv,
         env,
@@ -288,14 +313,34 @@ pub fn spawn(prepared: &Prepared) -> Result<Child, ExecError> {
         program: prepared.program.clone(),
         source,
     };
+    let (stdout, stderr) = match &prepared.detached {
+        None => (Stdio::piped(), Stdio::piped()),
+        Some(log) => {
+            let log_err = |source| ExecError::Log {
+                path: log.clone(),
+                source,
+            };
+            if let Some(dir) = log.parent() {
+                std::fs::create_dir_all(dir).map_err(log_err)?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .mode(0o644)
+                .open(log)
+                .map_err(log_err)?;
+            (Stdio::from(f.try_clone().map_err(log_err)?), Stdio::from(f))
+        }
+    };
     let mut cmd = Command::new(&prepared.program);
     cmd.arg0(&prepared.argv[0])
         .args(&prepared.argv[1..])
         .env_clear()
         .envs(&prepared.env)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(stdout)
+        .stderr(stderr)
         // pgid = pid: one killpg reaches everything the command starts,
         // unless it deliberately makes a new group (setsid, a nested shell's
         // job control), which is the same limit every shell has.
@@ -598,6 +643,23 @@ pub fn start(prepared: &Prepared) -> Result<Running, ExecError> {
 pub async fn handler(body: Result<Json<ExecRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(crate::server::json_rejection)?;
     let prepared = prepare(req)?;
+    if prepared.detached.is_some() {
+        let mut child = spawn(&prepared)?;
+        let pid = child
+            .id()
+            .expect("a just-spawned child has not been reaped");
+        tracing::info!(pid, argv = ?prepared.argv, uid = prepared.account.uid, "detached command started");
+        // Reaped here; nothing waits on its output.
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            tracing::info!(pid, ?status, "detached command ended");
+        });
+        let mut response = axum::Json(serde_json::json!({ "pid": pid })).into_response();
+        response
+            .headers_mut()
+            .insert(PID_HEADER, HeaderValue::from(pid));
+        return Ok(response);
+    }
     let Running { pid, mut frames } = start(&prepared)?;
     let stream = futures::stream::poll_fn(move |cx| {
         frames

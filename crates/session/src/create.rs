@@ -55,8 +55,32 @@ impl Manager {
         // A privileged session keeps host root, as Podman's does.
         let ids = (!spec.privileged).then_some(crate::ids::POOL);
         // Reserves the name, the address and the id range atomically.
+        // Refused before anything is made: an image with nothing to run.
+        let run = match (req.run, &image.oci) {
+            (false, _) => None,
+            (true, Some(config)) => match crate::images::default_process(config) {
+                Some(argv) => Some((argv, config.clone())),
+                None => {
+                    return Err(SessionError::Invalid(format!(
+                        "image {:?} names no Entrypoint or Cmd to run",
+                        spec.image
+                    )))
+                }
+            },
+            (true, None) => {
+                return Err(SessionError::Invalid(format!(
+                    "run needs an OCI image with an Entrypoint or Cmd; {:?} is a drums image",
+                    spec.image
+                )))
+            }
+        };
         let rec = self.catalog.insert_session(rec, pool, ids)?;
-        let built = self.build(&rec, &spec, &image.rootfs, None).await;
+        let mut built = self.build(&rec, &spec, &image.rootfs, None).await;
+        if let (Ok(pid), Some((argv, config))) = (&built, run) {
+            if let Err(e) = start_default_process(*pid, argv, &config).await {
+                built = Err(e);
+            }
+        }
         self.settle(&rec, built).await
     }
 
@@ -416,6 +440,36 @@ pub fn random_hex(bytes: usize) -> String {
     let mut f = std::fs::File::open("/dev/urandom").expect("/dev/urandom is always there");
     std::io::Read::read_exact(&mut f, &mut buf).expect("read /dev/urandom");
     buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where a session's default process writes, inside the session.
+pub const MAIN_LOG: &str = "/var/log/drums/main.log";
+
+/// The image's default process, detached, with the image's config: its
+/// failure to start (no such program, no such user) fails the create.
+async fn start_default_process(
+    pid: i32,
+    argv: Vec<String>,
+    config: &drums_oci::ImageConfig,
+) -> Result<(), SessionError> {
+    let mut req = drums_api::ExecRequest {
+        argv,
+        detach: true,
+        log: Some(MAIN_LOG.into()),
+        ..Default::default()
+    };
+    crate::images::apply_defaults(&mut req, config);
+    let _: serde_json::Value = guest_client(pid)
+        .json(hyper::Method::POST, "/v1/exec", Some(&req))
+        .await
+        .map_err(|e| {
+            SessionError::Invalid(format!(
+                "start the image's default process {:?}: {}",
+                req.argv,
+                crate::error_chain(&e)
+            ))
+        })?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -101,6 +101,7 @@ impl Spec {
             privileged: false,
             // A .vmx has no egress key: its sessions keep drums' default.
             egress: None,
+            run: false,
         }
     }
 }

@@ -78,6 +78,12 @@ KNOWN = [
     (
         "ST202",
         ("POST /v1/sessions/{session}/exec",),
+        _kind_is("bad_log"),
+        "spec: whether a path can be a log is the session's file system's to say",
+    ),
+    (
+        "ST202",
+        ("POST /v1/sessions/{session}/exec",),
         _says("invalid environment variable"),
         "spec: env names (not empty, no '=' or NUL) need propertyNames",
     ),
@@ -93,6 +99,7 @@ KNOWN = [
             "invalid screen",
             "invalid url",
             "the desktop profile needs a",
+            "run needs an OCI image",
         ),
         "spec: rules across fields, on this host's CPUs and store, or on the image",
     ),

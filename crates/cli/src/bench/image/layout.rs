@@ -1,0 +1,346 @@
+//! An OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/HEX`)
+//! written from directory trees, for `drums bench image`: one gzip layer
+//! per tree, any number of images sharing layers, each tagged in
+//! `index.json`. skopeo pushes it with `--preserve-digests`, so every arm of
+//! the bench pulls these exact bytes.
+//!
+//! Layers are streamed to their blob file (the base is ~300 MiB of tar), and
+//! hashed twice on the way: the tar (the config's diff_id) and the gzip (the
+//! blob's digest).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use flate2::write::GzEncoder;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A layer's blob in the layout.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// `sha256:` of the gzip blob.
+    pub digest: String,
+    /// `sha256:` of the tar inside it.
+    pub diff_id: String,
+    /// Bytes of the blob.
+    pub size: u64,
+    /// Bytes of the tar.
+    pub tar_size: u64,
+    /// Tar entries.
+    pub entries: u64,
+}
+
+pub struct Layout {
+    dir: PathBuf,
+    /// index.json's entries, one per tag.
+    manifests: Vec<Value>,
+}
+
+impl Layout {
+    pub fn create(dir: &Path) -> Result<Layout> {
+        std::fs::create_dir_all(dir.join("blobs/sha256"))
+            .with_context(|| format!("create layout {}", dir.display()))?;
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
+            .with_context(|| format!("write {}/oci-layout", dir.display()))?;
+        Ok(Layout {
+            dir: dir.to_owned(),
+            manifests: Vec::new(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A layer of the whole tree at `root`, the root itself left out.
+    pub fn layer_from_dir(&self, root: &Path) -> Result<Layer> {
+        self.layer(|b| {
+            let mut entries = 0;
+            append_tree(b, root, Path::new(""), &mut HashMap::new(), &mut entries)?;
+            Ok(entries)
+        })
+        .with_context(|| format!("layer of {}", root.display()))
+    }
+
+    /// A layer of regular files (path in the image, content), root's, 0644,
+    /// in directories that the layers below have.
+    pub fn layer_from_files(&self, files: &[(String, Vec<u8>)]) -> Result<Layer> {
+        self.layer(|b| {
+            for (path, data) in files {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_uid(0);
+                h.set_gid(0);
+                // Fixed, so that the same files make the same layer.
+                h.set_mtime(1_700_000_000);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, path, data.as_slice())?;
+            }
+            Ok(files.len() as u64)
+        })
+    }
+
+    /// Stream a tar, filled by `fill` (which returns its entry count),
+    /// through gzip into a new blob.
+    fn layer(&self, fill: impl FnOnce(&mut LayerTar) -> io::Result<u64>) -> Result<Layer> {
+        let blobs = self.dir.join("blobs/sha256");
+        let tmp = tempfile::NamedTempFile::new_in(&blobs)
+            .with_context(|| format!("create a blob in {}", blobs.display()))?;
+        let file = tmp.reopen().context("reopen the new blob")?;
+        // Level fast: the blob is made once per run, and gzip's level
+        // changes what every arm has to inflate far less than the time to
+        // make it.
+        let gz = GzEncoder::new(
+            Hashing::new(BufWriter::with_capacity(1 << 20, file)),
+            flate2::Compression::fast(),
+        );
+        let mut b = tar::Builder::new(Hashing::new(gz));
+        b.follow_symlinks(false);
+        let entries = fill(&mut b).context("write the layer's tar")?;
+        let tar = b.into_inner().context("finish the layer's tar")?;
+        let (diff_id, tar_size) = (tar.digest(), tar.bytes);
+        let blob = tar.inner.finish().context("finish the layer's gzip")?;
+        let (digest, size) = (blob.digest(), blob.bytes);
+        blob.inner
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .context("flush the layer's blob")?;
+        let hex = digest.trim_start_matches("sha256:");
+        tmp.persist(blobs.join(hex))
+            .with_context(|| format!("name blob {digest}"))?;
+        Ok(Layer {
+            digest,
+            diff_id,
+            size,
+            tar_size,
+            entries,
+        })
+    }
+
+    /// An image of `layers` (base first), tagged `tag`: its config and
+    /// manifest written, and `index.json` written again with it.
+    pub fn add_image(&mut self, tag: &str, layers: &[&Layer]) -> Result<()> {
+        let diff_ids: Vec<&str> = layers.iter().map(|l| l.diff_id.as_str()).collect();
+        let config = json!({
+            "created": "2024-01-01T00:00:00Z",
+            "architecture": "amd64",
+            "os": "linux",
+            "config": { "Env": [PATH_ENV] },
+            "rootfs": { "type": "layers", "diff_ids": diff_ids },
+            "history": layers.iter().map(|_| json!({
+                "created": "2024-01-01T00:00:00Z",
+                "created_by": "drums bench image",
+            })).collect::<Vec<_>>(),
+        });
+        let (config_digest, config_size) = self.blob(&config)?;
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": { "mediaType": MEDIA_CONFIG, "digest": config_digest, "size": config_size },
+            "layers": layers.iter().map(|l| json!({
+                "mediaType": MEDIA_LAYER_GZIP,
+                "digest": l.digest,
+                "size": l.size,
+            })).collect::<Vec<_>>(),
+        });
+        let (digest, size) = self.blob(&manifest)?;
+        self.manifests
+            .retain(|m| m["annotations"][REF_NAME].as_str() != Some(tag));
+        self.manifests.push(json!({
+            "mediaType": MEDIA_MANIFEST,
+            "digest": digest,
+            "size": size,
+            "annotations": { REF_NAME: tag },
+        }));
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": MEDIA_INDEX,
+            "manifests": self.manifests,
+        });
+        let path = self.dir.join("index.json");
+        std::fs::write(&path, serde_json::to_vec(&index)?)
+            .with_context(|| format!("write {}", path.display()))
+    }
+
+    /// A JSON blob: its digest and size.
+    fn blob(&self, v: &Value) -> Result<(String, u64)> {
+        let bytes = serde_json::to_vec(v)?;
+        let hex = format!("{:x}", Sha256::digest(&bytes));
+        let path = self.dir.join("blobs/sha256").join(&hex);
+        std::fs::write(&path, &bytes).with_context(|| format!("write {}", path.display()))?;
+        Ok((format!("sha256:{hex}"), bytes.len() as u64))
+    }
+}
+
+/// A layer's tar, hashed, gzipped, hashed again, written.
+type LayerTar = tar::Builder<Hashing<GzEncoder<Hashing<BufWriter<File>>>>>;
+
+/// A writer that hashes and counts what passes through it.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<W> Hashing<W> {
+    fn new(inner: W) -> Self {
+        Hashing {
+            inner,
+            hash: Sha256::new(),
+            bytes: 0,
+        }
+    }
+
+    fn digest(&self) -> String {
+        format!("sha256:{:x}", self.hash.clone().finalize())
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Append `root/rel`'s entries in name order (the same tree makes the same
+/// tar): numeric owners, modes, mtimes, symlinks, hard links and fifos.
+/// Device nodes and sockets are left out (a runtime gives a container its
+/// /dev), and so are extended attributes: no arm's result depends on them.
+fn append_tree<W: Write>(
+    b: &mut tar::Builder<W>,
+    root: &Path,
+    rel: &Path,
+    links: &mut HashMap<(u64, u64), PathBuf>,
+    entries: &mut u64,
+) -> io::Result<()> {
+    let dir = root.join(rel);
+    let mut names = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<io::Result<Vec<_>>>()?;
+    names.sort();
+    for name in names {
+        let path = rel.join(&name);
+        let full = root.join(&path);
+        let meta = std::fs::symlink_metadata(&full)?;
+        let ft = meta.file_type();
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(meta.mode() & 0o7777);
+        h.set_uid(meta.uid().into());
+        h.set_gid(meta.gid().into());
+        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_size(0);
+        if ft.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            b.append_data(&mut h, &path, io::empty())?;
+            append_tree(b, root, &path, links, entries)?;
+        } else if ft.is_symlink() {
+            h.set_entry_type(tar::EntryType::Symlink);
+            b.append_link(&mut h, &path, std::fs::read_link(&full)?)?;
+        } else if ft.is_file() {
+            let first = (meta.nlink() > 1)
+                .then(|| links.get(&(meta.dev(), meta.ino())).cloned())
+                .flatten();
+            if let Some(first) = first {
+                h.set_entry_type(tar::EntryType::Link);
+                b.append_link(&mut h, &path, first)?;
+            } else {
+                if meta.nlink() > 1 {
+                    links.insert((meta.dev(), meta.ino()), path.clone());
+                }
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(meta.len());
+                b.append_data(&mut h, &path, File::open(&full)?)?;
+            }
+        } else if ft.is_fifo() {
+            h.set_entry_type(tar::EntryType::Fifo);
+            b.append_data(&mut h, &path, io::empty())?;
+        } else {
+            continue;
+        }
+        *entries += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    fn sha256_file(p: &Path) -> String {
+        format!("sha256:{:x}", Sha256::digest(std::fs::read(p).unwrap()))
+    }
+
+    /// Every blob is named by its sha256, a layer's diff_id is its tar's,
+    /// and index.json names each tag's manifest, which names its layers.
+    #[test]
+    fn layout_is_consistent() {
+        let tree = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tree.path().join("etc")).unwrap();
+        std::fs::write(tree.path().join("etc/a"), b"a").unwrap();
+        std::fs::hard_link(tree.path().join("etc/a"), tree.path().join("b")).unwrap();
+        std::os::unix::fs::symlink("etc/a", tree.path().join("c")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Layout::create(dir.path()).unwrap();
+        let base = l.layer_from_dir(tree.path()).unwrap();
+        assert_eq!(base.entries, 4);
+        let top = l
+            .layer_from_files(&[("etc/x".into(), vec![7; 100])])
+            .unwrap();
+        l.add_image("one", &[&base, &top]).unwrap();
+        l.add_image("two", &[&base]).unwrap();
+
+        let blobs = dir.path().join("blobs/sha256");
+        for e in std::fs::read_dir(&blobs).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_str().unwrap().to_owned();
+            assert_eq!(sha256_file(&p), format!("sha256:{name}"));
+        }
+        for layer in [&base, &top] {
+            let blob = blobs.join(layer.digest.trim_start_matches("sha256:"));
+            assert_eq!(std::fs::metadata(&blob).unwrap().len(), layer.size);
+            let mut tar = Vec::new();
+            flate2::read::GzDecoder::new(File::open(&blob).unwrap())
+                .read_to_end(&mut tar)
+                .unwrap();
+            assert_eq!(tar.len() as u64, layer.tar_size);
+            assert_eq!(format!("sha256:{:x}", Sha256::digest(&tar)), layer.diff_id);
+        }
+        let index: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
+        let tags: Vec<&str> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["annotations"][REF_NAME].as_str().unwrap())
+            .collect();
+        assert_eq!(tags, ["one", "two"]);
+        let m = &index["manifests"][0]["digest"];
+        let m: Value = serde_json::from_slice(
+            &std::fs::read(blobs.join(m.as_str().unwrap().trim_start_matches("sha256:"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(m["layers"][0]["digest"], json!(base.digest));
+        assert_eq!(m["layers"][1]["digest"], json!(top.digest));
+    }
+}
