@@ -16,6 +16,7 @@
 
 mod layout;
 mod registry;
+mod root;
 
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
@@ -104,6 +105,8 @@ struct Report {
     pull: Arms,
     create: Arms,
     exec: Arms,
+    /// A session's root, overlay against snapshot (root.rs).
+    root: Arms,
     disk: Disk,
 }
 
@@ -375,6 +378,17 @@ async fn run(
 
     let pull = pull_rounds(t, &reference, work.path(), n, as_json, made).await?;
     let (create, exec) = create_rounds(t, &reference, n, as_json, made).await?;
+    say("a session's root: overlay against snapshot ...".into());
+    let chains =
+        drums_oci::chain_ids(&[images.rootfs.diff_id.clone(), images.small.diff_id.clone()]);
+    let oci = state_dir.join("store/oci");
+    let top = oci
+        .join("layers")
+        .join(chains[1].trim_start_matches("sha256:"));
+    let scratch = oci.join("tmp");
+    let root = tokio::task::spawn_blocking(move || root::rounds(&top, &scratch, n))
+        .await
+        .context("the root rounds")??;
 
     // Nothing of the bench's is left in either store while the disk is
     // measured before.
@@ -391,6 +405,7 @@ async fn run(
         pull,
         create,
         exec,
+        root,
         disk,
     })
 }
@@ -683,6 +698,7 @@ impl Report {
             self.pull.json("pull", "drums", &mut out);
             self.create.json("create", "drums", &mut out);
             self.exec.json("exec", "drums", &mut out);
+            self.root.json("root", "overlay.mount", &mut out);
             let disk = json!({
                 "disk.images": DISK_IMAGES,
                 "disk.distinct_bytes": DISTINCT_BYTES,
@@ -776,6 +792,23 @@ impl Report {
         print!(
             "{}",
             table::render(&[&head, "p50", "p95", "vs drums"], &rows)
+        );
+        println!();
+        let r = &self.root;
+        let mut rows = Vec::new();
+        for (what, key) in [
+            ("mount the root", "mount"),
+            ("checkpoint: snapshot its changes", "checkpoint_snapshot"),
+            ("files version: written_since", "written_since"),
+        ] {
+            let (o, sn) = (format!("overlay.{key}"), format!("snapshot.{key}"));
+            rows.push(r.row(&format!("{what}, overlay (drums)"), &o, None, Unit::Ms));
+            rows.push(r.row(&format!("{what}, snapshot"), &sn, Some(&o), Unit::Ms));
+        }
+        let head = format!("a session's root ({n} rounds, interleaved)");
+        print!(
+            "{}",
+            table::render(&[&head, "p50", "p95", "vs overlay"], &rows)
         );
         println!();
         let rows = vec![

@@ -1,0 +1,187 @@
+//! A session's root on an OCI image, the two ways drums could make it
+//! (docs/oci.md, "A session's root"), measured on the pulled image's top
+//! layer in drumsd's own store, with the same primitives drumsd uses:
+//!
+//! - **overlay** (what drumsd does): an empty subvolume for `upper` and
+//!   `work`, the layer idmapped read-only as the lower, the subvolume
+//!   idmapped, one overlay mount;
+//! - **snapshot**: a writable snapshot of the layer's subvolume, idmapped,
+//!   attached as the root.
+//!
+//! And what a checkpoint does to the root in each: a read-only snapshot of
+//! the subvolume that holds the session's changes (the upper, or the whole
+//! root), then `written_since` over it, which is what a files-only version
+//! measures. CRIU itself never reads the root's files: it dumps the
+//! processes, and drumsd mounts the root before a restore, so its own time
+//! is the same on either.
+//!
+//! The id maps are drumsd's (`drums_session::ids`), with the last slot of
+//! its id pool, which no session gets before 8191 others.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use drums_sys::idmap::{self, Extent};
+
+use super::Arms;
+
+/// `drums_session::ids`: where stored session ids live on disk, and the
+/// size of a range.
+const DISK_BASE: u32 = 1 << 30;
+const RANGE: u32 = 65536;
+/// The last slot of drumsd's pool (`drums_session::ids::POOL`).
+const BASE: u32 = DISK_BASE + RANGE + 8191 * RANGE;
+
+fn session_map() -> [Extent; 1] {
+    [Extent {
+        inside: 0,
+        outside: BASE,
+        count: RANGE,
+    }]
+}
+
+fn store_map() -> [Extent; 2] {
+    [
+        Extent {
+            inside: 0,
+            outside: 0,
+            count: 1,
+        },
+        Extent {
+            inside: DISK_BASE,
+            outside: BASE,
+            count: RANGE,
+        },
+    ]
+}
+
+/// `rounds` rounds, the arms alternating first, after one unmeasured.
+/// `top` is the image's top layer subvolume, `scratch` a directory on the
+/// same btrfs (the store's `oci/tmp`).
+pub fn rounds(top: &Path, scratch: &Path, rounds: usize) -> Result<Arms> {
+    let mut arms = Arms::default();
+    for round in 0..=rounds {
+        for k in 0..2 {
+            let snapshot = (round + k) % 2 == 1;
+            let m = once(top, scratch, snapshot).with_context(|| {
+                format!("root, {}", if snapshot { "snapshot" } else { "overlay" })
+            })?;
+            if round > 0 {
+                let arm = if snapshot { "snapshot" } else { "overlay" };
+                arms.push(leak(format!("{arm}.mount")), m.mount);
+                arms.push(leak(format!("{arm}.checkpoint_snapshot")), m.checkpoint);
+                arms.push(leak(format!("{arm}.written_since")), m.scan);
+            }
+        }
+    }
+    Ok(arms)
+}
+
+/// Arm keys are few and fixed; `Arms` keys are `&'static str`.
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+struct Once {
+    mount: f64,
+    checkpoint: f64,
+    scan: f64,
+}
+
+fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
+    let sv = scratch.join(format!("bench-root-{}", std::process::id()));
+    let snap = scratch.join(format!("bench-root-{}-ck", std::process::id()));
+    let root = scratch.join(format!("bench-root-{}-mnt", std::process::id()));
+    std::fs::create_dir_all(&root).context("create the mount point")?;
+    let result = (|| {
+        let t = Instant::now();
+        let changes = if snapshot {
+            drums_store::snapshot(top, &sv, false)?;
+            let ns = idmap::user_namespace(&session_map())?;
+            let tree = idmap::idmapped_tree(&sv, ns.as_fd(), false)?;
+            attach(tree.as_raw_fd(), &root)?;
+            sv.clone()
+        } else {
+            drums_store::create_subvolume(&sv)?;
+            for d in ["upper", "work"] {
+                std::fs::create_dir(sv.join(d))?;
+            }
+            std::os::unix::fs::chown(sv.join("upper"), Some(DISK_BASE), Some(DISK_BASE))?;
+            let session_ns = idmap::user_namespace(&session_map())?;
+            let store_ns = idmap::user_namespace(&store_map())?;
+            let image = idmap::idmapped_tree(top, session_ns.as_fd(), true)?;
+            let store = idmap::idmapped_tree(&sv, store_ns.as_fd(), false)?;
+            let store_path = idmap::fd_path(store.as_fd());
+            nix::mount::mount(
+                Some("overlay"),
+                &root,
+                Some("overlay"),
+                nix::mount::MsFlags::empty(),
+                Some(
+                    format!(
+                        "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work",
+                        idmap::fd_path(image.as_fd())
+                    )
+                    .as_str(),
+                ),
+            )?;
+            sv.clone()
+        };
+        let mount = t.elapsed().as_secs_f64();
+        // What a version counts from: the generation after a commit, as a
+        // session's previous version leaves it (not timed).
+        nix::unistd::sync();
+        let gen = drums_store::subvolume_generation(&changes)?;
+        // A turn's worth of change: a file written, one edited. Host root
+        // has no id in the snapshot's idmapped mount (the session's range
+        // only), so it writes that subvolume directly; the overlay's upper
+        // maps host root, so it writes through the mount, copying up.
+        let at = if snapshot { &sv } else { &root };
+        std::fs::write(at.join("etc/drums-bench-turn"), vec![b'x'; 64 << 10])?;
+        std::fs::write(at.join("etc/hostname"), b"bench\n")?;
+        nix::unistd::sync();
+        let t = Instant::now();
+        drums_store::snapshot(&changes, &snap, true)?;
+        let checkpoint = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let w = drums_store::written_since(&snap, gen)?;
+        let scan = t.elapsed().as_secs_f64();
+        anyhow::ensure!(w.bytes >= 64 << 10, "written_since saw {} bytes", w.bytes);
+        Ok(Once {
+            mount,
+            checkpoint,
+            scan,
+        })
+    })();
+    let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(&root);
+    let _ = drums_store::delete_subvolume(&snap);
+    let _ = drums_store::delete_subvolume(&sv);
+    result
+}
+
+/// Attach a detached mount (an idmapped tree) at `target`.
+fn attach(fd: i32, target: &Path) -> Result<()> {
+    let target = CString::new(target.as_os_str().as_encoded_bytes())?;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: `fd` is an open mount fd for the call's duration; both
+    // strings are NUL-terminated and outlive the call; the kernel only
+    // reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("move_mount the idmapped root");
+    }
+    Ok(())
+}
