@@ -97,7 +97,18 @@ fn absolute_dir(name: &str, value: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// What drums-init sets for the guest's own loader inside a session
+/// (`drums_init::loader::LIBRARY_PATH`): the host's libraries, which the
+/// session's commands must never inherit.
+const DRUMS_LIBRARY_PATH: (&str, &str) = ("LD_LIBRARY_PATH", "/run/drums/bin/lib");
+
 fn main() -> ExitCode {
+    // First, while there is one thread: every command has a clean
+    // environment already, and this keeps any later child from inheriting it.
+    let (var, libs) = DRUMS_LIBRARY_PATH;
+    if std::env::var_os(var).is_some_and(|v| v == libs) {
+        std::env::remove_var(var);
+    }
     let options = match parse_args(std::env::args().skip(1)) {
         Ok(Some(options)) => options,
         Ok(None) => return ExitCode::SUCCESS,

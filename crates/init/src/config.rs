@@ -25,7 +25,9 @@ pub struct InitConfig {
     /// only host root can write a map of another range.
     #[serde(default)]
     pub user_namespace: bool,
-    /// Host directory holding drums-init and drums-guest, bind-mounted read-only.
+    /// Host directory holding drums-init and drums-guest, and the host's
+    /// loader and libraries they run on ([`crate::loader`]), bind-mounted
+    /// read-only.
     pub bin_dir: PathBuf,
     /// Name servers for /etc/resolv.conf: drumsd's, for a session with
     /// egress; empty otherwise (the image's file is kept).

@@ -15,12 +15,16 @@
 //!   stage 1 waits for its `go` line, reports [`Report::Ok`], closes every
 //!   inherited fd, puts stdio on the session's own /dev/null and re-execs itself
 //!   from inside the new root, so no mapping points into the host's file system.
+//!   That exec, and stage 2's of the guest agent, run the session's copies
+//!   of the programs, on the host's loader and libraries installed beside
+//!   the binaries ([`loader`]): the image's libc may be older, musl, or absent.
 //! - **stage 2** (`--stage2`) is the long-lived PID 1: it supervises the guest
 //!   agent and reaps orphans. It logs to `/run/drums/init.log` inside the session,
 //!   never to a host file (CRIU refuses to restore a growing host log).
 
 pub mod capabilities;
 pub mod config;
+pub mod loader;
 pub mod root;
 pub mod seccomp;
 pub mod stage;

@@ -334,6 +334,8 @@ fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
 pub fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
     let root = Path::new("/");
     let etc = root.join("etc");
+    // An image need not have one (a scratch image of one static binary).
+    fs::create_dir_all(&etc).map_err(io("create dir", &etc))?;
     let write = |name: &str, content: String| {
         let p = etc.join(name);
         fs::write(&p, content).map_err(io("write", &p))

@@ -5,6 +5,7 @@ use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use drums_sys::{CloneFlags, LinuxSyscall, Syscall};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use crate::{io, root, InitConfig, InitError, Report, BIN_DIR, GUEST_SOCKET, INIT_LOG};
+use crate::{io, root, InitConfig, InitError, Report, GUEST_SOCKET, INIT_LOG};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -183,7 +184,21 @@ fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, Ini
         .open("/dev/null")
         .map_err(io("open", "/dev/null"))?
         .into();
-    let exe = CString::new(format!("{BIN_DIR}/drums-init")).expect("static path has no NUL");
+    // The session's copy, on the host's loader and libraries: the image's
+    // may not run a host binary (see crate::loader).
+    let cstring = |s: String| CString::new(s).expect("drums' own paths and digits have no NUL");
+    let exe = cstring(crate::loader::exe("drums-init"));
+    let (var, libs) = crate::loader::LIBRARY_PATH;
+    let mut env: Vec<CString> = std::env::vars_os()
+        .filter(|(k, _)| k != var)
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend(v.into_vec());
+            CString::new(kv).ok()
+        })
+        .collect();
+    env.push(cstring(format!("{var}={libs}")));
     // Last before the exec, and before `ok` so a failure is still reported:
     // the bounding set becomes every session process's capabilities at the
     // exec below, and the seccomp filter is inherited by all of them (what
@@ -210,9 +225,9 @@ fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, Ini
     let mut argv = vec![exe.clone(), c"--stage2".to_owned()];
     if let Some(port) = cfg.session_api_port {
         argv.push(c"--session-api-port".to_owned());
-        argv.push(CString::new(port.to_string()).expect("digits have no NUL"));
+        argv.push(cstring(port.to_string()));
     }
-    let err = nix::unistd::execv(&exe, &argv).unwrap_err();
+    let err = nix::unistd::execve(&exe, &argv, &env).unwrap_err();
     Err(InitError::Nix {
         op: "exec stage 2",
         source: err,
@@ -223,6 +238,7 @@ fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, Ini
 /// orphans. `session_api_port`: drumsd's session API on the gateway, for the
 /// guest's rollback tool.
 pub fn stage2(session_api_port: Option<u16>) -> ! {
+    crate::loader::forget_library_path();
     let log = OpenOptions::new()
         .create(true)
         .append(true)
@@ -278,7 +294,10 @@ fn spawn_guest(
         Some(f) => f.try_clone().map(Stdio::from),
         None => Ok(Stdio::null()),
     };
-    let child = Command::new(format!("{BIN_DIR}/drums-guest"))
+    // On the host's loader and libraries, as stage 2 itself was started.
+    let (var, libs) = crate::loader::LIBRARY_PATH;
+    let child = Command::new(crate::loader::exe("drums-guest"))
+        .env(var, libs)
         .args(["--listen", &format!("unix:{GUEST_SOCKET}")])
         .args(session_api_port.map(|p| format!("--session-api-port={p}")))
         .stdin(Stdio::null())

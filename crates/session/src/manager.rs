@@ -827,16 +827,18 @@ pub fn installed_bin_dir(state: &Path) -> PathBuf {
     state.with_file_name(format!("{name}-bin"))
 }
 
-/// Copy drums-init and drums-guest beside the state, atomically (rename), and
-/// only when they changed: running sessions keep the inode they started with.
-/// Then the host's loader and the libraries they need, which they run on
-/// inside a session whatever libc its image has (`drums_init::loader`).
+/// Copy drums-init beside the state, atomically (rename), and only when it
+/// changed: running sessions keep the inode they started with. It is what
+/// drumsd starts on the host (stage 0). What sessions exec, drums-init's
+/// stage 2 and drums-guest, is installed by `drums_init::loader`: copies that
+/// run on the host's loader and libraries, installed with them, whatever
+/// libc a session's image has.
 fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
     std::fs::create_dir_all(dst).map_err(io("create", dst))?;
     // Readable by every session range; writable by root only.
     std::fs::set_permissions(dst, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .map_err(io("chmod", dst))?;
-    for name in ["drums-init", "drums-guest"] {
+    for name in ["drums-init"] {
         let from = src.join(name);
         let to = dst.join(name);
         let new = std::fs::read(&from).map_err(io("read", &from))?;
@@ -849,6 +851,6 @@ fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
             .map_err(io("chmod", &tmp))?;
         std::fs::rename(&tmp, &to).map_err(io("rename", &to))?;
     }
-    drums_init::loader::install(dst)?;
+    drums_init::loader::install(src, dst)?;
     Ok(())
 }
