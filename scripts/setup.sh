@@ -30,6 +30,14 @@ fi
 # server): xvfb xdotool wmctrl x11-xserver-utils ffmpeg; python3-venv for the
 # OSWorld client's virtualenv. fonts-dejavu-core: the font `drums eval` draws
 # its figures' text with.
+# OCI images: docker-registry (a real distribution v2 registry that the pull
+# tests start on loopback) and skopeo (pushes test images to it and writes
+# docker-save and oci-archive files); skopeo+umoci and podman are the
+# comparison arms of `drums bench image`. runc: podman's default runtime,
+# crun, refuses this host's hybrid cgroups, so the bench runs podman with
+# `--runtime runc`.
+# busybox-static: the whole of the libc-less test images in
+# crates/daemon/tests/foreign_libc.rs (a static /bin/busybox).
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -40,6 +48,8 @@ packages=(
   libseccomp-dev
   xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
   fonts-dejavu-core
+  docker-registry skopeo umoci podman runc
+  busybox-static
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -49,6 +59,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- no system registry ---------------------------------------------------------
+# Debian's docker-registry package enables a service on :5000. The tests start
+# registries of their own on free loopback ports, and a system one would only
+# hold a port and serve stale blobs: stop it and keep it off, under systemd or
+# under the package's init script, and never fail where neither runs.
+if [ -d /run/systemd/system ]; then
+  if systemctl is-enabled --quiet docker-registry 2>/dev/null \
+    || systemctl is-active --quiet docker-registry 2>/dev/null; then
+    log "stopping and disabling the docker-registry system service (tests start their own)"
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
+elif [ -x /etc/init.d/docker-registry ]; then
+  if /etc/init.d/docker-registry status >/dev/null 2>&1; then
+    log "stopping the docker-registry init service (tests start their own)"
+    /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+  fi
+  update-rc.d docker-registry disable >/dev/null 2>&1 || true
 fi
 
 # ---- schemathesis, for the API fuzz test ------------------------------------
