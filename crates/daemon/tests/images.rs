@@ -570,3 +570,95 @@ fn bad_images_are_refused_and_leave_nothing() {
     assert_no_image_left(&d, "registries");
     d.stop_and_check_leaks();
 }
+
+/// Arm (or hold) a fault point of drumsd's.
+fn fault(d: &TestDaemon, point: Option<&str>, hold: bool) {
+    common::run(async {
+        d.client
+            .call(
+                hyper::Method::POST,
+                "/v1/debug/faults",
+                Some(&drums_api::Fault {
+                    point: point.map(str::to_owned),
+                    hold,
+                }),
+            )
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn a_fault_at_every_step_of_a_pull_or_import_leaves_nothing_and_a_crash_is_swept() {
+    require_root();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("small");
+    let top = Layer::builder()
+        .file("etc/two", b"2\n", 0o644, 0, 0)
+        .build(true);
+    oci::write_layout(&layout, &small(top), "v1");
+    let reg = Registry::start();
+    reg.push_layout(&layout, "drums/small:v1");
+    let reference = format!("{}/drums/small:v1", reg.addr());
+    let mut d = TestDaemon::start();
+    for point in ["image.fetch", "image.layer", "image.commit"] {
+        fault(&d, Some(point), false);
+        let err = fails(
+            &d.drums(&["image", "import", layout.to_str().unwrap()]),
+            point,
+        );
+        assert!(
+            err.contains(&format!("injected fault at {point}")),
+            "{point}: {err}"
+        );
+        assert_no_image_left(&d, point);
+        let err = fails(&d.drums(&["pull", "--insecure", "-q", &reference]), point);
+        assert!(
+            err.contains(&format!("injected fault at {point}")),
+            "{point}: {err}"
+        );
+        assert_no_image_left(&d, point);
+    }
+    fault(&d, None, false);
+    let id = ok(
+        &d.drums(&["pull", "--insecure", "-q", &reference]),
+        "pull, disarmed",
+    );
+    ok(&d.drums(&["image", "rm", &id]), "rm");
+
+    // drumsd killed with the layers stored and the image not committed:
+    // the next drumsd's sweep removes them and the staging.
+    fault(&d, Some("image.commit"), true);
+    let mut import = std::process::Command::new(common::bin_dir().join("drums"))
+        .arg("--state-dir")
+        .arg(d.state.path())
+        .args(["--no-autostart", "image", "import"])
+        .arg(&layout)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let held = common::gone(|| d.log().contains("holding image.commit"));
+    assert!(held, "the import never reached its commit:\n{}", d.log());
+    assert_eq!(
+        entries(&oci_dir(&d).join("layers")).len(),
+        2,
+        "both layers stored before the commit"
+    );
+    assert!(
+        !entries(&oci_dir(&d).join("tmp")).is_empty(),
+        "its staging is there"
+    );
+    let subnet = d.subnet();
+    d.kill9();
+    let _ = import.wait();
+    d.restart(&subnet);
+    assert_no_image_left(&d, "after a crash and the sweep");
+    assert!(
+        d.log()
+            .contains("removed what an image pull or import left"),
+        "{}",
+        d.log()
+    );
+    d.stop_and_check_leaks();
+}

@@ -44,6 +44,12 @@ pub const RESTORE_POINTS: &[&str] = &[
 /// after its first members were sent, as a tar that dies part-way would.
 pub const EXPORT_POINTS: &[&str] = &["export.tar"];
 
+/// Every point an image pull or import can be failed at: before its first
+/// blob is fetched or unpacked, after its first layer is stored, and
+/// before the image is committed (which can also be held: drumsd killed
+/// with layers stored and no image).
+pub const IMAGE_POINTS: &[&str] = &["image.fetch", "image.layer", "image.commit"];
+
 /// Points only a desktop session passes: its desktop's start, and the
 /// browser's hygiene and readiness after a restore.
 pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
@@ -51,7 +57,7 @@ pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
 /// Points a step can be held at (`hold`), one per state a version can be
 /// in when drumsd dies: `dumping` before CRIU runs, `versioning` before the
 /// manifest is written.
-pub const HOLD_POINTS: &[&str] = &["checkpoint.criu", "version.manifest"];
+pub const HOLD_POINTS: &[&str] = &["checkpoint.criu", "version.manifest", "image.commit"];
 
 #[derive(Default)]
 pub struct Faults {
@@ -96,6 +102,7 @@ impl Faults {
                 .chain(RESTORE_POINTS)
                 .chain(DESKTOP_POINTS)
                 .chain(EXPORT_POINTS)
+                .chain(IMAGE_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {
@@ -121,6 +128,13 @@ impl Faults {
             Some(p) if p == point => Err(SessionError::Injected(p)),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `point` is armed to hold (for steps on a blocking thread,
+    /// which cannot await [`Faults::hold`]: they ask first, then park).
+    pub fn holds(&self, point: &str) -> bool {
+        self.hold.load(std::sync::atomic::Ordering::SeqCst)
+            && self.armed().as_deref() == Some(point)
     }
 
     /// The point to hand to drums-init, if the armed one is an init step.

@@ -138,6 +138,7 @@ impl Manager {
             layers: image.layers.len(),
         });
         let staging = self.oci.staging_dir()?;
+        self.faults.check("image.fetch")?;
         let mut blobs = Vec::with_capacity(image.layers.len());
         for (i, l) in image.layers.iter().enumerate() {
             if self.oci.has_layer(&chains[i])? {
@@ -172,7 +173,7 @@ impl Manager {
                 .await?;
             blobs.push(Some(dest));
         }
-        self.faults.check("image.commit")?;
+        let faults = self.image_faults();
         let row = ImageRow {
             id: image.config_digest.clone(),
             manifest_digest: image.digest.clone(),
@@ -184,7 +185,14 @@ impl Manager {
         let (oci, row2) = (self.oci.clone(), row.clone());
         let diff_ids = image.config.diff_ids.clone();
         tokio::task::spawn_blocking(move || {
-            store_image(&oci, &row2, &diff_ids, &blobs, Some(&name), &|i| {
+            let job = Storing {
+                row: &row2,
+                diff_ids: &diff_ids,
+                blobs: &blobs,
+                name: Some(&name),
+                faults,
+            };
+            store_image(&oci, &job, &|i| {
                 let _ = events.send(PullEvent::Applying { index: i });
             })
         })
@@ -221,7 +229,8 @@ impl Manager {
         }
         f.flush().await.map_err(io("write", &spool))?;
         drop(f);
-        self.faults.check("image.commit")?;
+        self.faults.check("image.fetch")?;
+        let faults = self.image_faults();
         let oci = self.oci.clone();
         let row = tokio::task::spawn_blocking(move || -> Result<ImageRow, SessionError> {
             let file = std::fs::File::open(&spool).map_err(io("open", &spool))?;
@@ -247,20 +256,29 @@ impl Manager {
                 names: name.iter().cloned().collect(),
             };
             let blobs: Vec<Option<PathBuf>> = a.blobs.into_iter().map(Some).collect();
-            store_image(
-                &oci,
-                &row,
-                &a.image.config.diff_ids,
-                &blobs,
-                name.as_deref(),
-                &|_| {},
-            )?;
+            let job = Storing {
+                row: &row,
+                diff_ids: &a.image.config.diff_ids,
+                blobs: &blobs,
+                name: name.as_deref(),
+                faults,
+            };
+            store_image(&oci, &job, &|_| {})?;
             drop(staging);
             Ok(row)
         })
         .await
         .expect("no panic")?;
         Ok(row)
+    }
+
+    /// The image points armed now, for the blocking thread that stores.
+    fn image_faults(&self) -> ImageFaults {
+        ImageFaults {
+            fail_layer: self.faults.check("image.layer").is_err(),
+            fail_commit: self.faults.check("image.commit").is_err(),
+            hold_commit: self.faults.holds("image.commit"),
+        }
     }
 
     /// `drums image rm`: refused while a session or checkpoint uses it.
@@ -278,18 +296,33 @@ impl Manager {
     }
 }
 
+/// Fault injection in [`store_image`] (crate::faults::IMAGE_POINTS).
+#[derive(Debug, Clone, Copy)]
+struct ImageFaults {
+    fail_layer: bool,
+    fail_commit: bool,
+    hold_commit: bool,
+}
+
+/// An image to store: its row, its layers' diff-ids and blobs (none for a
+/// layer stored already), the name it gets.
+struct Storing<'a> {
+    row: &'a ImageRow,
+    diff_ids: &'a [String],
+    blobs: &'a [Option<PathBuf>],
+    name: Option<&'a str>,
+    faults: ImageFaults,
+}
+
 /// Store every layer not stored yet, then make the image visible: under the
 /// store's lock, so a removal cannot take a layer in between.
 fn store_image(
     oci: &OciStore,
-    row: &ImageRow,
-    diff_ids: &[String],
-    blobs: &[Option<PathBuf>],
-    name: Option<&str>,
+    job: &Storing<'_>,
     applying: &dyn Fn(usize),
 ) -> Result<(), SessionError> {
     let locked = oci.lock();
-    let stored = store_locked(oci, &locked, row, diff_ids, blobs, name, applying);
+    let stored = store_locked(oci, &locked, job, applying);
     if stored.is_err() {
         // The layers this one added and no image uses: bad input leaves
         // nothing behind.
@@ -306,24 +339,34 @@ fn store_image(
 fn store_locked(
     oci: &OciStore,
     locked: &std::sync::MutexGuard<'_, ()>,
-    row: &ImageRow,
-    diff_ids: &[String],
-    blobs: &[Option<PathBuf>],
-    name: Option<&str>,
+    job: &Storing<'_>,
     applying: &dyn Fn(usize),
 ) -> Result<(), SessionError> {
+    let row = job.row;
     for (i, chain) in row.layers.iter().enumerate() {
         if oci.has_layer(chain)? {
             continue;
         }
-        let blob = blobs[i]
+        let blob = job.blobs[i]
             .as_deref()
             .ok_or_else(|| drums_oci::StoreOpError::LayerMissing(chain.clone()))?;
         applying(i);
         let parent = i.checked_sub(1).map(|p| row.layers[p].as_str());
-        oci.add_layer(locked, parent, chain, &diff_ids[i], blob)?;
+        oci.add_layer(locked, parent, chain, &job.diff_ids[i], blob)?;
+        if job.faults.fail_layer {
+            return Err(SessionError::Injected("image.layer".into()));
+        }
     }
-    oci.commit(locked, row, name)?;
+    if job.faults.hold_commit {
+        tracing::warn!("fault injection: holding image.commit until drumsd is killed");
+        loop {
+            std::thread::park();
+        }
+    }
+    if job.faults.fail_commit {
+        return Err(SessionError::Injected("image.commit".into()));
+    }
+    oci.commit(locked, row, job.name)?;
     Ok(())
 }
 
