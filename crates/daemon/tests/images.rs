@@ -662,3 +662,82 @@ fn a_fault_at_every_step_of_a_pull_or_import_leaves_nothing_and_a_crash_is_swept
     );
     d.stop_and_check_leaks();
 }
+
+#[test]
+fn an_oci_session_forks_is_inspected_and_audited_as_drums_own() {
+    require_root();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("user");
+    oci::write_layout(&layout, &oci::user_workdir_image(), "drums/user:v1");
+    let mut d = TestDaemon::start();
+    let id = ok(
+        &d.drums(&["image", "import", layout.to_str().unwrap()]),
+        "import",
+    );
+    common::run(async {
+        let s = d
+            .create(&drums_api::CreateSession {
+                image: Some("drums/user:v1".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(s.image, id);
+        // The inspector: a turn that writes a file in the image's WorkingDir.
+        let c = &d.client;
+        c.call(
+            hyper::Method::POST,
+            &format!("/v1/sessions/{}/turn/begin", s.id),
+            None::<&()>,
+        )
+        .await
+        .unwrap();
+        assert_eq!(d.sh(&s.id, "echo turn > notes && cat notes").1, "turn");
+        let e: drums_api::TurnEffects = c
+            .json(
+                hyper::Method::POST,
+                &format!("/v1/sessions/{}/turn/end", s.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+        assert_eq!(e.class, drums_api::TurnClass::Files, "{e:?}");
+        assert!(
+            e.files
+                .iter()
+                .any(|f| f.path.ends_with("home/worker/notes")),
+            "{e:?}"
+        );
+        // A fork of two siblings, which the audit finds isolated and not clones.
+        let r: drums_api::RestoreResult = c
+            .json(
+                hyper::Method::POST,
+                &format!("/v1/sessions/{}/fork", s.id),
+                Some(&drums_api::ForkRequest {
+                    count: 2,
+                    name: None,
+                    at: None,
+                }),
+            )
+            .await
+            .unwrap();
+        let (a, b) = (&r.sessions[0], &r.sessions[1]);
+        for sib in [a, b] {
+            assert_eq!(sib.image, id);
+            assert_eq!(d.sh(&sib.id, "cat notes; id -un").1, "turn\nworker");
+        }
+        let rep: serde_json::Value = d.audit(&a.id, &b.id).await;
+        assert_eq!(rep["passed"], true, "{rep:#}");
+        for sib in [a, b, &s] {
+            d.rm(&sib.id).await.unwrap();
+        }
+        ok(
+            &d.drums(&["checkpoint", "rm", &r.checkpoint]),
+            "checkpoint rm",
+        );
+    });
+    // Nothing uses it any more: it goes, with its layers.
+    ok(&d.drums(&["image", "rm", &id]), "image rm");
+    assert_no_image_left(&d, "after the fork");
+    d.stop_and_check_leaks();
+}
