@@ -137,7 +137,6 @@ impl Manager {
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
-        use futures::StreamExt;
         // The staging directory is on the store, so fs/ can go straight into
         // a subvolume; it is root-only, so nothing changes the spooled archive
         // between its validation and its extraction.
@@ -154,29 +153,7 @@ impl Manager {
                 .create(&staging)
                 .map_err(io("create", &staging))?;
             let spool = staging.join("archive.tar");
-            let mut f = tokio::fs::File::from_std(
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&spool)
-                    .map_err(io("create", &spool))?,
-            );
-            // An archive may not take the store's reserve: counted as it
-            // arrives, refused at the first byte over.
-            let room = crate::manager::import_room(&self.cfg, &self.store_root)?;
-            let mut spooled = 0u64;
-            while let Some(chunk) = body.next().await {
-                let chunk =
-                    chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
-                spooled += chunk.len() as u64;
-                if spooled > room {
-                    return Err(SessionError::ArchiveTooLarge { room });
-                }
-                f.write_all(&chunk).await.map_err(io("write", &spool))?;
-            }
-            f.flush().await.map_err(io("write", &spool))?;
-            drop(f);
+            self.spool(&mut body, &spool).await?;
 
             let mut keys = vec![self.host_key()?.public()];
             let trusted_keys_file = self.trusted_keys_file();
@@ -330,6 +307,44 @@ impl Manager {
             ))),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl Manager {
+    /// Write an archive streamed as `body` to the new file `spool` (0600):
+    /// an archive may not take the store's reserve, so it is counted as it
+    /// arrives and refused at the first byte over.
+    pub(crate) async fn spool<S, E>(
+        &self,
+        body: &mut S,
+        spool: &std::path::Path,
+    ) -> Result<u64, SessionError>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        use futures::StreamExt;
+        let mut f = tokio::fs::File::from_std(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(spool)
+                .map_err(io("create", spool))?,
+        );
+        let room = crate::manager::import_room(&self.cfg, &self.store_root)?;
+        let mut spooled = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
+            spooled += chunk.len() as u64;
+            if spooled > room {
+                return Err(SessionError::ArchiveTooLarge { room });
+            }
+            f.write_all(&chunk).await.map_err(io("write", spool))?;
+        }
+        f.flush().await.map_err(io("write", spool))?;
+        Ok(spooled)
     }
 }
 

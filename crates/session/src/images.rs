@@ -12,8 +12,6 @@ use std::sync::Arc;
 
 use drums_catalog::ImageRow;
 use drums_oci::{ImageConfig, OciStore};
-use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 
 use crate::manager::Manager;
 use crate::{io, SessionError};
@@ -213,22 +211,7 @@ impl Manager {
     {
         let staging = self.oci.staging_dir()?;
         let spool = staging.path().join("archive.tar");
-        let room = crate::manager::import_room(&self.cfg, &self.store_root)?;
-        let mut f = tokio::fs::File::create(&spool)
-            .await
-            .map_err(io("create", &spool))?;
-        let mut spooled = 0u64;
-        while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
-            spooled += chunk.len() as u64;
-            if spooled > room {
-                return Err(SessionError::ArchiveTooLarge { room });
-            }
-            f.write_all(&chunk).await.map_err(io("write", &spool))?;
-        }
-        f.flush().await.map_err(io("write", &spool))?;
-        drop(f);
+        self.spool(&mut body, &spool).await?;
         self.faults.check("image.fetch")?;
         let faults = self.image_faults();
         let oci = self.oci.clone();
