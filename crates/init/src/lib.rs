@@ -25,6 +25,7 @@
 pub mod capabilities;
 pub mod config;
 pub mod loader;
+pub mod resolve;
 pub mod root;
 pub mod seccomp;
 pub mod stage;
@@ -59,6 +60,8 @@ pub enum InitError {
         #[source]
         source: nix::Error,
     },
+    #[error(transparent)]
+    Walk(#[from] resolve::WalkError),
     #[error(transparent)]
     Caps(#[from] capabilities::CapsError),
     #[error(transparent)]

@@ -1,21 +1,43 @@
 //! Building the session's root file system. The mounts are a plan (data) applied
 //! through [`drums_sys::Syscall`], so their order is unit-tested without root.
+//!
+//! The root is untrusted: every name in it is the image's or the session's
+//! writable layer's. Stage 1 builds it before the pivot, where a symlink
+//! would be followed from the host's side, so no path in it is ever looked
+//! up as a path: each mount point is walked from a descriptor without
+//! following a link, made a real directory, and mounted on through its
+//! descriptor ([`crate::resolve`]; docs/oci.md, "What a session needs from
+//! an image").
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use drums_sys::{MntFlags, MsFlags, Syscall};
+use drums_sys::idmap::fd_path;
+use drums_sys::{MntFlags, Mode, MsFlags, Syscall};
+use nix::fcntl::OFlag;
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use crate::{io, resolve, InitConfig, InitError, BIN_DIR};
 
-use crate::{io, InitConfig, InitError, BIN_DIR};
+/// Where a mount's source comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file system's name ("proc", "tmpfs"): not a path.
+    Fs(&'static str),
+    /// A path of the host's that drums owns (the binaries' directory, a
+    /// node of the host's /dev): used as it is.
+    Host(String),
+    /// A path inside the session's root, walked as a target is: never
+    /// through a symlink.
+    Root(PathBuf),
+}
 
-/// One mount of the plan.
+/// One mount of the plan. `target` and a [`Source::Root`] are paths below
+/// the root's directory (`r/...`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountStep {
-    pub source: Option<String>,
+    pub source: Option<Source>,
     pub target: PathBuf,
     pub fstype: Option<String>,
     pub flags: MsFlags,
@@ -23,26 +45,54 @@ pub struct MountStep {
 }
 
 impl MountStep {
-    fn apply(&self, sys: &dyn Syscall) -> Result<(), drums_sys::SysError> {
+    /// Mount onto `target`, a handle of [`MountStep::target`] walked from
+    /// `parent` (the root's directory), through `/proc/self/fd/N`: the
+    /// kernel mounts on what the handle names, and looks nothing up again.
+    fn apply(
+        &self,
+        sys: &dyn Syscall,
+        parent: BorrowedFd<'_>,
+        target: &OwnedFd,
+    ) -> Result<(), InitError> {
+        // Held until the mount is made: its path names it.
+        let mut held = None;
+        let source = match &self.source {
+            None => None,
+            Some(Source::Fs(name)) => Some((*name).to_owned()),
+            Some(Source::Host(p)) => Some(p.clone()),
+            Some(Source::Root(p)) => {
+                let fd = resolve::open(parent, p, OFlag::O_PATH).map_err(io("open", p))?;
+                let path = fd_path(fd.as_fd());
+                held = Some(fd);
+                Some(path)
+            }
+        };
         sys.mount(
-            self.source.as_deref(),
-            &self.target,
+            source.as_deref(),
+            Path::new(&fd_path(target.as_fd())),
             self.fstype.as_deref(),
             self.flags,
             self.data.as_deref(),
         )
+        .map_err(|mut e| {
+            // Name the mount point, not the descriptor's number.
+            e.target = self.target.display().to_string();
+            e
+        })?;
+        drop(held);
+        Ok(())
     }
 }
 
 fn step(
-    source: &str,
+    source: Source,
     target: PathBuf,
     fstype: Option<&str>,
     flags: MsFlags,
     data: Option<&str>,
 ) -> MountStep {
     MountStep {
-        source: Some(source.to_owned()),
+        source: Some(source),
         target,
         fstype: fstype.map(str::to_owned),
         flags,
@@ -61,7 +111,10 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 /// other mount lands inside it.
 ///
 /// `r` is the root's path and `bin_src` the drums binaries' host directory,
-/// as stage 1 reaches them (see [`HostDirs`]).
+/// as stage 1 reaches them (see [`HostDirs`]). Every mount point below the
+/// root is a directory stage 1 makes: the first level (`proc`, `sys`,
+/// `dev`, `run`) in the root, replacing whatever the image or the session
+/// put there, the rest on the tmpfs just mounted above it.
 pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
     let r = &r.to_path_buf();
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -70,14 +123,14 @@ pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
         // own. pivot_root refuses a mount that the copy into a user
         // namespace's mount namespace locked (EINVAL).
         step(
-            &r.display().to_string(),
+            Source::Root(r.clone()),
             r.clone(),
             None,
             MsFlags::MS_BIND | MsFlags::MS_REC,
             None,
         ),
         step(
-            "proc",
+            Source::Fs("proc"),
             r.join("proc"),
             Some("proc"),
             nosuid_nodev | MsFlags::MS_NOEXEC,
@@ -86,21 +139,21 @@ pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
         // Read-only: a session may look at its devices and its own net namespace's
         // links (Chromium and Python probe these), but never change the host's knobs.
         step(
-            "sysfs",
+            Source::Fs("sysfs"),
             r.join("sys"),
             Some("sysfs"),
             nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
             None,
         ),
         step(
-            "tmpfs",
+            Source::Fs("tmpfs"),
             r.join("dev"),
             Some("tmpfs"),
             MsFlags::MS_NOSUID,
             Some("mode=755,size=65536k"),
         ),
         step(
-            "devpts",
+            Source::Fs("devpts"),
             r.join("dev/pts"),
             Some("devpts"),
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
@@ -108,7 +161,7 @@ pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
             Some("newinstance,ptmxmode=0666,mode=620"),
         ),
         step(
-            "tmpfs",
+            Source::Fs("tmpfs"),
             r.join("dev/shm"),
             Some("tmpfs"),
             nosuid_nodev,
@@ -117,13 +170,19 @@ pub fn mount_plan(r: &Path, bin_src: &str) -> Vec<MountStep> {
             Some("mode=1777,size=256m"),
         ),
         step(
-            "tmpfs",
+            Source::Fs("tmpfs"),
             r.join("run"),
             Some("tmpfs"),
             nosuid_nodev,
             Some("mode=755,size=64m"),
         ),
-        step(bin_src, join_abs(r, BIN_DIR), None, MsFlags::MS_BIND, None),
+        step(
+            Source::Host(bin_src.to_owned()),
+            join_abs(r, BIN_DIR),
+            None,
+            MsFlags::MS_BIND,
+            None,
+        ),
         // A bind mount ignores MS_RDONLY on creation; read-only takes a remount.
         MountStep {
             source: None,
@@ -180,13 +239,19 @@ pub const READ_ONLY: &[&str] = &[
 pub fn confine_plan(r: &Path) -> Vec<MountStep> {
     let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let mut plan = Vec::new();
-    let null = join_abs(r, "/dev/null").display().to_string();
+    let null = join_abs(r, "/dev/null");
     for f in MASKED_FILES {
-        plan.push(step(&null, join_abs(r, f), None, MsFlags::MS_BIND, None));
+        plan.push(step(
+            Source::Root(null.clone()),
+            join_abs(r, f),
+            None,
+            MsFlags::MS_BIND,
+            None,
+        ));
     }
     let read_only_bind = |plan: &mut Vec<MountStep>, source: PathBuf, target: PathBuf| {
         plan.push(step(
-            &source.display().to_string(),
+            Source::Root(source),
             target.clone(),
             None,
             MsFlags::MS_BIND | MsFlags::MS_REC,
@@ -252,8 +317,8 @@ impl HostDirs {
 }
 
 /// Make the session's mounts private, then apply the plan, preparing mount
-/// points and /dev's contents on the way. Paths are relative to the root's
-/// parent directory, which becomes the working directory.
+/// points and /dev's contents on the way. The root's parent directory
+/// becomes the working directory, for [`pivot`].
 pub fn build(sys: &dyn Syscall, cfg: &InitConfig, dirs: &HostDirs) -> Result<(), InitError> {
     // Private, recursively: nothing mounted in the session propagates back to the
     // host, and the host's later mounts do not appear in the session.
@@ -269,46 +334,99 @@ pub fn build(sys: &dyn Syscall, cfg: &InitConfig, dirs: &HostDirs) -> Result<(),
         op: "chdir to the root's directory",
         source,
     })?;
-    let r = HostDirs::root(cfg);
-    let bin_src = format!("/proc/self/fd/{}", dirs.bin.as_raw_fd());
-    for s in mount_plan(r, &bin_src) {
-        if s.source.is_some() {
-            fs::create_dir_all(&s.target).map_err(io("create mount point", &s.target))?;
-        }
-        s.apply(sys)?;
-        if s.fstype.as_deref() == Some("tmpfs") && s.target.ends_with("dev") {
-            populate_dev(sys, &s.target)?;
-        }
-    }
-    if !cfg.privileged {
-        let empty = join_abs(r, MASK_DIR);
-        fs::create_dir_all(&empty).map_err(io("create", &empty))?;
-        fs::set_permissions(&empty, fs::Permissions::from_mode(0o555))
-            .map_err(io("chmod", &empty))?;
-        for s in confine_plan(r) {
-            // symlink_metadata: a target must exist, and is never followed
-            // out of the tree (these are all kernel file systems anyway).
-            if s.target.symlink_metadata().is_err() {
-                continue;
-            }
-            s.apply(sys)?;
-        }
+    let bin_src = fd_path(dirs.bin.as_fd());
+    let replaced = mount_all(
+        sys,
+        dirs.parent.as_fd(),
+        HostDirs::root(cfg),
+        &bin_src,
+        cfg.privileged,
+    )?;
+    // drumsd's log, through the stderr it gave us: an operator may want to
+    // know why a session's layer gained whiteouts it did not write.
+    for p in replaced {
+        eprintln!(
+            "drums-init: session {}: /{} was not a directory (a symlink or a file): replaced by one in the session's writable layer",
+            cfg.session_id,
+            p.display()
+        );
     }
     Ok(())
 }
 
-fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
+/// Apply [`mount_plan`], then [`confine_plan`] unless `privileged`, with
+/// every path walked from `parent`, the root's directory, and `r` the
+/// root's name in it. Returns the mount points that were not directories
+/// and were replaced, relative to the root.
+fn mount_all(
+    sys: &dyn Syscall,
+    parent: BorrowedFd<'_>,
+    r: &Path,
+    bin_src: &str,
+    privileged: bool,
+) -> Result<Vec<PathBuf>, InitError> {
+    let mut replaced = Vec::new();
+    for s in mount_plan(r, bin_src) {
+        // A new mount gets a mount point made a real directory; a remount
+        // finds the mount just made there.
+        let target = if s.source.is_some() {
+            resolve::make_dirs(parent, &s.target, &mut replaced)?
+        } else {
+            resolve::open(parent, &s.target, OFlag::O_PATH).map_err(io("open", &s.target))?
+        };
+        s.apply(sys, parent, &target)?;
+        if s.fstype.as_deref() == Some("tmpfs") && s.target.ends_with("dev") {
+            populate_dev(sys, parent, &s.target)?;
+        }
+    }
+    if !privileged {
+        let empty = join_abs(r, MASK_DIR);
+        resolve::make_dirs(parent, &empty, &mut replaced)?;
+        let fd = resolve::open(parent, &empty, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+            .map_err(io("open", &empty))?;
+        nix::sys::stat::fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(0o555))
+            .map_err(|e| io("chmod", &empty)(e.into()))?;
+        for s in confine_plan(r) {
+            // A target must exist (these are all in kernel file systems, as
+            // the walk checks: no link is followed), and one this kernel
+            // does not have is skipped.
+            let target = match resolve::open(parent, &s.target, OFlag::O_PATH) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io("open", &s.target)(e)),
+            };
+            s.apply(sys, parent, &target)?;
+        }
+    }
+    // Relative to the root, as the session sees them.
+    Ok(replaced
+        .into_iter()
+        .map(|p| p.strip_prefix(r).map(Path::to_owned).unwrap_or(p))
+        .collect())
+}
+
+/// Fill the fresh tmpfs at `dev` (below `parent`) with the device binds and
+/// the usual links. The tmpfs is stage 1's own, but it is walked like the
+/// rest all the same.
+fn populate_dev(sys: &dyn Syscall, parent: BorrowedFd<'_>, dev: &Path) -> Result<(), InitError> {
+    let dir =
+        resolve::open(parent, dev, OFlag::O_PATH | OFlag::O_DIRECTORY).map_err(io("open", dev))?;
     for name in DEVICES {
         let p = dev.join(name);
-        fs::File::create(&p).map_err(io("create", &p))?;
+        let node = resolve::create_file(dir.as_fd(), name, Mode::from_bits_truncate(0o666))
+            .map_err(io("create", &p))?;
         let host = Path::new("/dev").join(name);
         sys.mount(
             Some(&host.display().to_string()),
-            &p,
+            Path::new(&fd_path(node.as_fd())),
             None,
             MsFlags::MS_BIND,
             None,
-        )?;
+        )
+        .map_err(|mut e| {
+            e.target = p.display().to_string();
+            e
+        })?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -317,10 +435,8 @@ fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
-        symlink(to, dev.join(link)).map_err(io("symlink", dev.join(link)))?;
-    }
-    for d in ["pts", "shm"] {
-        fs::create_dir_all(dev.join(d)).map_err(io("create dir", dev.join(d)))?;
+        nix::unistd::symlinkat(to, Some(dir.as_raw_fd()), link)
+            .map_err(|e| io("symlink", dev.join(link))(e.into()))?;
     }
     Ok(())
 }
@@ -330,15 +446,35 @@ fn populate_dev(sys: &dyn Syscall, dev: &Path) -> Result<(), InitError> {
 ///
 /// Called after [`pivot`]: the files are the image's, and an image's symlink
 /// (`/etc/hosts -> /etc/shadow`, say) must resolve inside the session, never
-/// against the host's root that stage 1 saw before the pivot.
+/// against the host's root that stage 1 saw before the pivot. Nor through a
+/// /proc magic link: stage 1's own `/proc/self/fd/2` is drumsd's stderr
+/// ([`resolve::open_in_root`]).
 pub fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
-    let root = Path::new("/");
-    let etc = root.join("etc");
+    let root: OwnedFd = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open("/")
+        .map_err(io("open", "/"))?
+        .into();
+    // mkdir never follows a link at its last component; an existing entry
+    // is checked by the opens below.
+    let mkdir = |name: &str| match nix::sys::stat::mkdirat(
+        Some(root.as_raw_fd()),
+        name,
+        Mode::from_bits_truncate(0o755),
+    ) {
+        Ok(()) | Err(nix::Error::EEXIST) => Ok(()),
+        Err(e) => Err(io("create dir", format!("/{name}"))(e.into())),
+    };
     // An image need not have one (a scratch image of one static binary).
-    fs::create_dir_all(&etc).map_err(io("create dir", &etc))?;
+    mkdir("etc")?;
     let write = |name: &str, content: String| {
-        let p = etc.join(name);
-        fs::write(&p, content).map_err(io("write", &p))
+        let p = Path::new("/etc").join(name);
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC;
+        let f = resolve::open_in_root(root.as_fd(), &p, flags, Mode::from_bits_truncate(0o644))
+            .map_err(io("open", &p))?;
+        std::io::Write::write_all(&mut fs::File::from(f), content.as_bytes())
+            .map_err(io("write", &p))
     };
     write("hostname", format!("{}\n", cfg.hostname))?;
     write("machine-id", format!("{}\n", cfg.machine_id))?;
@@ -360,9 +496,16 @@ pub fn write_identity(cfg: &InitConfig) -> Result<(), InitError> {
             .collect();
         write("resolv.conf", conf)?;
     }
-    let tmp = root.join("tmp");
-    fs::create_dir_all(&tmp).map_err(io("create dir", &tmp))?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(io("chmod", &tmp))?;
+    mkdir("tmp")?;
+    let tmp = resolve::open_in_root(
+        root.as_fd(),
+        Path::new("/tmp"),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        Mode::empty(),
+    )
+    .map_err(io("open", "/tmp"))?;
+    nix::sys::stat::fchmod(tmp.as_raw_fd(), Mode::from_bits_truncate(0o1777))
+        .map_err(|e| io("chmod", "/tmp")(e.into()))?;
     Ok(())
 }
 
@@ -403,7 +546,7 @@ mod tests {
     #[test]
     fn the_root_is_bound_first_and_everything_else_lands_inside_it() {
         let plan = mount_plan(Path::new("/r"), "/bin-host");
-        assert_eq!(plan[0].source.as_deref(), Some("/r"));
+        assert_eq!(plan[0].source, Some(Source::Root("/r".into())));
         assert_eq!(plan[0].target, Path::new("/r"));
         assert!(plan[0].flags.contains(MsFlags::MS_BIND | MsFlags::MS_REC));
         for s in &plan[1..] {
@@ -440,7 +583,7 @@ mod tests {
             .iter()
             .find(|s| s.target == Path::new("/r/proc/keys"))
             .unwrap();
-        assert_eq!(null.source.as_deref(), Some("/r/dev/null"));
+        assert_eq!(null.source, Some(Source::Root("/r/dev/null".into())));
         // Each read-only path: a bind of itself, then the remount that makes
         // it read-only (a bind ignores MS_RDONLY on creation).
         for p in READ_ONLY {
@@ -460,7 +603,10 @@ mod tests {
                 .iter()
                 .find(|s| s.target == t && s.source.is_some())
                 .unwrap();
-            assert_eq!(bind.source.as_deref(), Some("/r/run/drums/masked"));
+            assert_eq!(
+                bind.source,
+                Some(Source::Root("/r/run/drums/masked".into()))
+            );
             assert!(bind.fstype.is_none(), "a bind, not a tmpfs CRIU would tar");
         }
         assert!(READ_ONLY.contains(&"/proc/sys"));
@@ -504,6 +650,117 @@ mod tests {
             "injected fault at init.pivot"
         );
         assert!(sys.calls().is_empty());
+    }
+
+    /// Records each mount with its target (and a `/proc/self/fd/N` source)
+    /// resolved to the path the descriptor names, while it is still open.
+    #[derive(Default)]
+    struct Resolving(std::cell::RefCell<Vec<(Option<String>, PathBuf)>>);
+
+    impl Syscall for Resolving {
+        fn mount(
+            &self,
+            source: Option<&str>,
+            target: &Path,
+            _: Option<&str>,
+            _: MsFlags,
+            _: Option<&str>,
+        ) -> drums_sys::Result<()> {
+            let at = |p: &Path| fs::read_link(p).unwrap_or_else(|_| p.to_owned());
+            let source = source.map(|s| match s.strip_prefix("/proc/self/fd/") {
+                Some(_) => at(Path::new(s)).display().to_string(),
+                None => s.to_owned(),
+            });
+            self.0.borrow_mut().push((source, at(target)));
+            Ok(())
+        }
+        fn umount2(&self, _: &Path, _: MntFlags) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn pivot_root(&self, _: &Path, _: &Path) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn chdir(&self, _: &Path) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn sethostname(&self, _: &str) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn unshare(&self, _: drums_sys::CloneFlags) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn mknod(&self, _: &Path, _: drums_sys::SFlag, _: Mode, _: u64) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+    }
+
+    /// A hostile root (no mount is made here, so the tmpfs of /dev and /run
+    /// are the root's own directories): every mount lands inside the root
+    /// at its planned place, links and files at mount points become
+    /// directories, and nothing outside is touched.
+    #[test]
+    fn links_at_mount_points_are_replaced_and_never_followed() {
+        use std::os::unix::fs::symlink;
+        for privileged in [false, true] {
+            let outside = tempfile::tempdir().unwrap();
+            let parent = tempfile::tempdir().unwrap();
+            let r = parent.path().join("root");
+            fs::create_dir(&r).unwrap();
+            symlink(outside.path(), r.join("proc")).unwrap();
+            symlink(
+                "../../../../../../../../..".to_string() + outside.path().to_str().unwrap(),
+                r.join("run"),
+            )
+            .unwrap();
+            symlink(outside.path().join("dev"), r.join("dev")).unwrap();
+            fs::write(r.join("sys"), "not a directory").unwrap();
+            let dir: OwnedFd = fs::File::open(parent.path()).unwrap().into();
+            let sys = Resolving::default();
+            let mut replaced = mount_all(
+                &sys,
+                dir.as_fd(),
+                Path::new("root"),
+                "/bin-host",
+                privileged,
+            )
+            .unwrap();
+            replaced.sort();
+            let expect: Vec<PathBuf> = ["dev", "proc", "run", "sys"].map(PathBuf::from).into();
+            assert_eq!(replaced, expect);
+            assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+            for d in [
+                "proc",
+                "sys",
+                "dev",
+                "run",
+                "dev/pts",
+                "dev/shm",
+                "run/drums/bin",
+            ] {
+                assert!(r.join(d).symlink_metadata().unwrap().is_dir(), "{d}");
+            }
+            let made = sys.0.borrow().clone();
+            for (source, target) in &made {
+                assert!(target.starts_with(&r), "{target:?} outside the root");
+                if let Some(s) = source.as_deref().filter(|s| s.starts_with('/')) {
+                    assert!(
+                        Path::new(s).starts_with(&r) || s == "/bin-host" || s.starts_with("/dev/"),
+                        "source {s}"
+                    );
+                }
+            }
+            let targets: Vec<&PathBuf> = made.iter().map(|(_, t)| t).collect();
+            for s in mount_plan(Path::new("root"), "/bin-host") {
+                let p = parent.path().join(&s.target);
+                assert!(targets.contains(&&p), "{p:?} not mounted: {targets:?}");
+            }
+            for n in DEVICES {
+                assert!(targets.contains(&&r.join("dev").join(n)), "{n}");
+            }
+            // The confinement's mask directory, made (0555) only when it is used.
+            let masked = r.join("run/drums/masked");
+            assert_eq!(masked.exists(), !privileged);
+        }
     }
 
     #[test]

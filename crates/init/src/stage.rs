@@ -71,7 +71,7 @@ pub fn stage0() -> ! {
             report(&Report::Pid(child.as_raw()));
             std::process::exit(0)
         }
-        Ok((ForkResult::Child, dirs)) => stage1(&cfg, &dirs),
+        Ok((ForkResult::Child, dirs)) => stage1(&cfg, dirs),
         Err(e) => fail(e),
     }
 }
@@ -154,21 +154,24 @@ pub fn namespaces() -> CloneFlags {
 }
 
 /// Stage 1, PID 1 of the new namespaces.
-fn stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> ! {
+fn stage1(cfg: &InitConfig, dirs: root::HostDirs) -> ! {
     match run_stage1(cfg, dirs) {
         Ok(never) => match never {},
         Err(e) => fail(e),
     }
 }
 
-fn run_stage1(cfg: &InitConfig, dirs: &root::HostDirs) -> Result<Infallible, InitError> {
+fn run_stage1(cfg: &InitConfig, dirs: root::HostDirs) -> Result<Infallible, InitError> {
     nix::unistd::setsid().map_err(|source| InitError::Nix {
         op: "setsid",
         source,
     })?;
     let sys = LinuxSyscall;
-    root::build(&sys, cfg, dirs)?;
+    root::build(&sys, cfg, &dirs)?;
     root::pivot(&sys, cfg)?;
+    // Closed before anything in the new root is written: each is a host
+    // directory that `/proc/self/fd/N` would lead an image's symlink to.
+    drop(dirs);
     root::write_identity(cfg)?;
     sys.sethostname(&cfg.hostname)?;
     // drumsd configures the network namespace while we built the root; the
