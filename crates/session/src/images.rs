@@ -105,7 +105,12 @@ impl Manager {
                 }
                 e => e.into(),
             })?),
-            _ => Err(SessionError::ImageNotFound(what.to_string())),
+            Some(_) => Err(SessionError::ImageNotFound(what.to_string())),
+            // Neither a drums name, nor a reference, nor an id: the
+            // caller's mistake (a path, say), not a missing image.
+            None => Err(SessionError::Invalid(format!(
+                "invalid image name {what:?}: neither a drums image's name, nor an OCI reference, nor an image id"
+            ))),
         }
     }
 

@@ -100,6 +100,7 @@ KNOWN = [
             "invalid url",
             "the desktop profile needs a",
             "run needs an OCI image",
+            "invalid image name",
         ),
         "spec: rules across fields, on this host's CPUs and store, or on the image",
     ),
@@ -123,8 +124,14 @@ KNOWN = [
     ),
     (
         "ST202",
+        ("DELETE /v1/images/{image}",),
+        _says("invalid image name"),
+        "spec: what names an image (a drums name, a reference, an id) is not a schema",
+    ),
+    (
+        "ST202",
         ("POST /v1/images/pull",),
-        _says("is not one drumsd may pull from", "invalid reference", "is down"),
+        _says("is not one drumsd may pull from", "parse the image reference", "is down"),
         "spec: the registries a pull may reach are the host's policy (--allowed-registries)",
     ),
     (
