@@ -240,6 +240,22 @@ pub fn prepare(req: ExecRequest) -> Result<Prepared, ExecError> {
     };
 
     let program = find_program(argv0, &env["PATH"], &cwd)?;
+    let bad_log = |path: &str, why: &str| ExecError::Log {
+        path: PathBuf::from(path),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why.to_owned()),
+    };
+    match &req.log {
+        Some(log) if log.is_empty() || log.contains('\0') => {
+            return Err(bad_log(log, "a log path is not empty and holds no NUL"))
+        }
+        Some(log) if !req.detach => {
+            return Err(bad_log(
+                log,
+                "a log is for a detached command (detach: true)",
+            ))
+        }
+        _ => {}
+    }
     let detached = match (req.detach, &req.log) {
         (false, _) => None,
         (true, None) => Some(PathBuf::from("/dev/null")),
@@ -714,6 +730,17 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(prepare(req(&[], &[])), Err(ExecError::EmptyArgv)));
+        let log = |detach: bool, log: &str| ExecRequest {
+            argv: vec!["true".into()],
+            detach,
+            log: Some(log.into()),
+            ..Default::default()
+        };
+        assert!(matches!(prepare(log(true, "")), Err(ExecError::Log { .. })));
+        assert!(matches!(
+            prepare(log(false, "/tmp/l")),
+            Err(ExecError::Log { .. })
+        ));
         assert!(matches!(
             prepare(req(&[""], &[])),
             Err(ExecError::EmptyProgram)
