@@ -108,6 +108,17 @@ pub async fn pull(
             return Ok(Json(ImageRef { id: Some(row.id), names: row.names }).into_response());
         }
     };
+    // The channel closed before any event: the pull ended before it
+    // resolved, so its answer (an error, above all) has its status.
+    let Some(first) = first else {
+        let row = task.await.expect("no panic")?;
+        return Ok(Json(ImageRef {
+            id: Some(row.id),
+            names: row.names,
+        })
+        .into_response());
+    };
+    let first = Some(first);
     let lines = futures::stream::unfold(
         (first, rx, Some(task)),
         |(pending, mut rx, task)| async move {
