@@ -72,7 +72,15 @@ impl Swrk {
         let child_fd: RawFd = theirs.as_raw_fd();
 
         let mut cmd = Command::new(bin);
-        cmd.arg("swrk")
+        // CRIU forks the restored tasks inside the session, and they run on
+        // swrk's environment until their own is back: none of drumsd's
+        // (a user's API keys, say) may be there even for that moment.
+        cmd.env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .arg("swrk")
             .arg(child_fd.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

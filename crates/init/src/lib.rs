@@ -39,6 +39,20 @@ pub const GUEST_SOCKET: &str = "/run/drums/guest.sock";
 /// The init's log inside every session.
 pub const INIT_LOG: &str = "/run/drums/init.log";
 
+/// The search path of every program drums starts in a session.
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The whole environment drums-init starts with, from drumsd and at each of
+/// its own execs: nothing of drumsd's own environment may reach a session,
+/// where its root reads `/proc/1/environ` and a checkpoint keeps it. drumsd
+/// is often started by the CLI from a user's shell, so that environment
+/// holds the user's secrets (`OPENAI_API_KEY` and the like) — exactly what
+/// the sandbox keeps from the code it runs. An allow-list, not a deny-list:
+/// a name drums did not choose never passes.
+pub fn environment() -> [(&'static str, &'static str); 2] {
+    [("PATH", PATH), loader::LIBRARY_PATH]
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
     #[error("read init config from stdin")]

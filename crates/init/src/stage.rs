@@ -5,7 +5,6 @@ use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use nix::unistd::{ForkResult, Pid};
 
 use crate::{io, root, InitConfig, InitError, Report, GUEST_SOCKET, INIT_LOG};
 
-const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+use crate::PATH;
 
 fn report(r: &Report) {
     // The control pipe is drumsd's only view of stages 0 and 1; if drumsd is gone
@@ -191,17 +190,12 @@ fn run_stage1(cfg: &InitConfig, dirs: root::HostDirs) -> Result<Infallible, Init
     // may not run a host binary (see crate::loader).
     let cstring = |s: String| CString::new(s).expect("drums' own paths and digits have no NUL");
     let exe = cstring(crate::loader::exe("drums-init"));
-    let (var, libs) = crate::loader::LIBRARY_PATH;
-    let mut env: Vec<CString> = std::env::vars_os()
-        .filter(|(k, _)| k != var)
-        .filter_map(|(k, v)| {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend(v.into_vec());
-            CString::new(kv).ok()
-        })
+    // Only drums' own variables, whatever stage 0 was started with: stage
+    // 2 is the session's PID 1 and the ancestor of all its work.
+    let env: Vec<CString> = crate::environment()
+        .iter()
+        .map(|(k, v)| cstring(format!("{k}={v}")))
         .collect();
-    env.push(cstring(format!("{var}={libs}")));
     // Last before the exec, and before `ok` so a failure is still reported:
     // the bounding set becomes every session process's capabilities at the
     // exec below, and the seccomp filter is inherited by all of them (what

@@ -339,7 +339,11 @@ impl InitPipe {
         cfg: &InitConfig,
         base: Option<u32>,
     ) -> Result<(InitPipe, i32), SessionError> {
+        // Never drumsd's own environment (drums_init::environment says why);
+        // stage 1 sets the session's own at its exec.
         let mut child = Command::new(bin)
+            .env_clear()
+            .env("PATH", drums_init::PATH)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
