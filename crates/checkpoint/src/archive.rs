@@ -32,6 +32,8 @@ use ed25519_dalek::VerifyingKey;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use drums_targuard::Guard;
+
 use crate::keys::{self, HostKey};
 use crate::{CheckpointError, Manifest};
 
@@ -187,7 +189,7 @@ impl<R: Read, S: FnMut(&[u8]) -> std::io::Result<()>> Read for Tee<R, S> {
 fn tee<R: Read, S: FnMut(&[u8]) -> std::io::Result<()>>(
     inner: R,
     sink: S,
-) -> (tar::Archive<Tee<R, S>>, Shared<S>) {
+) -> (tar::Archive<Guard<Tee<R, S>>>, Shared<S>) {
     let st = Rc::new(RefCell::new(TeeState {
         pending: Vec::new(),
         at: 0,
@@ -195,10 +197,12 @@ fn tee<R: Read, S: FnMut(&[u8]) -> std::io::Result<()>>(
         hasher: Sha256::new(),
         sink,
     }));
-    let a = tar::Archive::new(Tee {
+    // Bounded before the tar crate reads an extension header whole: this
+    // runs before the signature is checked, on anyone's archive.
+    let a = tar::Archive::new(Guard::new(Tee {
         inner,
         st: st.clone(),
-    });
+    }));
     (a, st)
 }
 
@@ -224,7 +228,7 @@ pub fn pass_members<R: Read>(
         after_member(i)?;
     }
     // Let tar write its end-of-archive blocks and exit; they are not passed on.
-    let mut rest = a.into_inner().inner;
+    let mut rest = a.into_inner().into_inner().inner;
     std::io::copy(&mut rest, &mut std::io::sink()).map_err(read_err)?;
     let st = Rc::try_unwrap(st)
         .ok()
@@ -674,7 +678,7 @@ pub fn extract(path: &Path, staging: &Path) -> Result<()> {
         path: path.to_owned(),
         source,
     })?;
-    let mut a = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, f));
+    let mut a = tar::Archive::new(Guard::new(std::io::BufReader::with_capacity(1 << 20, f)));
     a.set_preserve_permissions(true);
     a.set_preserve_ownerships(true);
     a.set_preserve_mtime(true);
