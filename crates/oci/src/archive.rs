@@ -42,6 +42,9 @@ pub struct ArchiveLimits {
     /// Entry content, all of it.
     pub max_bytes: u64,
     pub max_entries: u64,
+    /// What the store can take of the unpacked entries (their content is
+    /// written to the staging directory, on the store).
+    pub room: u64,
 }
 
 impl Default for ArchiveLimits {
@@ -51,6 +54,7 @@ impl Default for ArchiveLimits {
         ArchiveLimits {
             max_bytes: 64 << 30,
             max_entries: 100_000,
+            room: u64::MAX,
         }
     }
 }
@@ -204,10 +208,11 @@ fn extract(
             SourceError::ArchiveRead(e)
         }
     };
-    let mut a = tar::Archive::new(EofWatch {
+    // Bounded before the tar crate reads an extension header whole.
+    let mut a = tar::Archive::new(drums_targuard::Guard::new(EofWatch {
         inner: r,
         hit: hit.clone(),
-    });
+    }));
     let mut files = HashMap::new();
     let mut dirs = HashSet::new();
     let (mut entries, mut bytes) = (0u64, 0u64);
@@ -247,6 +252,9 @@ fn extract(
             return Err(SourceError::ArchiveTooBig {
                 limit: limits.max_bytes,
             });
+        }
+        if size > limits.room.saturating_sub(bytes) {
+            return Err(SourceError::NoRoom { room: limits.room });
         }
         bytes += size;
         match shape {

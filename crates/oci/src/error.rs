@@ -133,6 +133,8 @@ pub enum SourceError {
     ArchiveRead(#[source] std::io::Error),
     #[error("the archive holds more than its limit of {limit} bytes")]
     ArchiveTooBig { limit: u64 },
+    #[error("the archive unpacks to more than the {room} bytes the store has room for (its free space less drumsd's reserve)")]
+    NoRoom { room: u64 },
     #[error("the archive has more than its limit of {limit} entries")]
     ArchiveTooManyEntries { limit: u64 },
     #[error("the archive is neither a docker save archive (manifest.json) nor an OCI layout (oci-layout and index.json)")]

@@ -42,6 +42,10 @@ pub struct LayerLimits {
     /// File content, uncompressed.
     pub max_bytes: u64,
     pub max_entries: u64,
+    /// What the store can take of this layer, all it writes charged: every
+    /// file's content and [`ENTRY_BYTES`] for each entry. A layer is the
+    /// stranger's and the store is every session's.
+    pub room: u64,
 }
 
 impl Default for LayerLimits {
@@ -50,9 +54,16 @@ impl Default for LayerLimits {
         LayerLimits {
             max_bytes: 32 << 30,
             max_entries: 4 << 20,
+            room: u64::MAX,
         }
     }
 }
+
+/// What an entry costs the store beyond its content, charged against the
+/// room: btrfs's inode item, its two directory items and their share of a
+/// leaf, with metadata kept twice. A million empty files cost the store
+/// about a GiB, and must not pass as nothing.
+pub const ENTRY_BYTES: u64 = 1024;
 
 /// What a layer did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,6 +74,8 @@ pub struct Applied {
     /// File content written.
     pub bytes: u64,
     pub whiteouts: u64,
+    /// What was charged against the room (see [`LayerLimits::room`]).
+    pub charged: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +84,8 @@ pub enum LayerError {
     Refused { path: String, why: String },
     #[error("the layer unpacks to more than its limit of {limit} bytes")]
     TooBig { limit: u64 },
+    #[error("the layer unpacks to more than the {room} bytes the store has room for (its free space less drumsd's reserve)")]
+    NoRoom { room: u64 },
     #[error("the layer has more than its limit of {limit} entries")]
     TooManyEntries { limit: u64 },
     #[error("zstd-compressed layers are not supported; use gzip or none")]
@@ -135,10 +150,11 @@ pub fn apply(root: &Path, blob: impl Read, limits: &LayerLimits) -> Result<Appli
 /// Apply an uncompressed tar stream.
 pub fn apply_tar(root: &Path, tar: impl Read, limits: &LayerLimits) -> Result<Applied> {
     let root_fd = open_dir(None, root)?;
-    let mut a = tar::Archive::new(Hashing {
+    // Bounded before the tar crate reads an extension header whole.
+    let mut a = tar::Archive::new(drums_targuard::Guard::new(Hashing {
         inner: tar,
         hash: Sha256::new(),
-    });
+    }));
     let mut out = Applied::default();
     let mut t = Tree {
         root: root_fd,
@@ -153,6 +169,15 @@ pub fn apply_tar(root: &Path, tar: impl Read, limits: &LayerLimits) -> Result<Ap
             return Err(LayerError::TooManyEntries {
                 limit: limits.max_entries,
             });
+        }
+        // Charged before anything is written: the declared size is what
+        // the tar crate will read of the entry, at most.
+        out.charged = out
+            .charged
+            .saturating_add(ENTRY_BYTES)
+            .saturating_add(e.size());
+        if out.charged > limits.room {
+            return Err(LayerError::NoRoom { room: limits.room });
         }
         let raw = e.path_bytes().into_owned();
         let kind = e.header().entry_type();
@@ -176,7 +201,7 @@ pub fn apply_tar(root: &Path, tar: impl Read, limits: &LayerLimits) -> Result<Ap
     }
     // The end-of-archive blocks and any padding after them are part of the
     // stream the diff-id covers.
-    let mut rest = a.into_inner();
+    let mut rest = a.into_inner().into_inner();
     std::io::copy(&mut rest, &mut std::io::sink()).map_err(LayerError::Read)?;
     t.set_dir_times()?;
     out.diff_id = format!("sha256:{}", hex(&rest.hash.finalize()));
@@ -221,8 +246,17 @@ impl Tree {
             }
             return Ok(());
         }
-        if rest.is_empty() || rest.starts_with(WHITEOUT) {
+        if rest.starts_with(WHITEOUT) {
             return Err(refused(raw, "a whiteout this drums does not know"));
+        }
+        // What a whiteout removes is one entry of its own directory: `.wh..`
+        // would be that directory, and `.wh...` its parent, which for the
+        // layer's root is the staging of every pull and import.
+        if !single_name(rest) {
+            return Err(refused(
+                raw,
+                "a whiteout must name one entry of its directory",
+            ));
         }
         let rest = OsStr::from_bytes(rest);
         remove_all(dir.as_raw_fd(), rest, &full.join(rest))
@@ -663,6 +697,12 @@ fn remove_all(d: RawFd, name: &OsStr, full: &Path) -> Result<()> {
             Err(e) => Err(io("remove", full)(e)),
         }
     }
+}
+
+/// `name` is one normal path component: not empty, `.` or `..`, and
+/// without a `/` (a tar path cannot hold a NUL past clean_path).
+fn single_name(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }
 
 fn hex(b: &[u8]) -> String {

@@ -14,7 +14,7 @@ pub mod store;
 pub use archive::{unpack, Archive, ArchiveLimits};
 pub use auth::{credentials_for, registry_of};
 pub use error::SourceError;
-pub use layer::{apply, Applied, LayerError, LayerLimits};
+pub use layer::{apply, Applied, LayerError, LayerLimits, ENTRY_BYTES};
 pub use manifest::{ImageConfig, ImageManifest, LayerDesc};
 pub use registry::{Credentials, PullOptions, Remote};
 pub use store::{chain_ids, normalize_reference, ImageSummary, OciStore, StoreOpError, Swept};

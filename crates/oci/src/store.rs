@@ -182,7 +182,9 @@ impl OciStore {
 
     /// Store the layer `chain_id` (under the lock): a snapshot of
     /// `parent`'s subvolume (none for a base layer) with `blob` applied,
-    /// whose diff-id must be `diff_id`. Nothing of it stays on an error.
+    /// whose diff-id must be `diff_id`, within `room` bytes of the store
+    /// ([`LayerLimits::room`]). Nothing of it stays on an error. Returns
+    /// its row and what it was charged.
     pub fn add_layer(
         &self,
         _locked: &MutexGuard<'_, ()>,
@@ -190,7 +192,8 @@ impl OciStore {
         chain_id: &str,
         diff_id: &str,
         blob: &Path,
-    ) -> Result<LayerRow> {
+        room: u64,
+    ) -> Result<(LayerRow, u64)> {
         let dst = self
             .layer_path(chain_id)
             .ok_or_else(|| StoreOpError::LayerMissing(chain_id.into()))?;
@@ -213,7 +216,11 @@ impl OciStore {
         }
         let applied = (|| {
             let f = File::open(blob).map_err(io("open", blob))?;
-            let applied = crate::layer::apply(&staging, f, &self.limits).map_err(|source| {
+            let limits = LayerLimits {
+                room,
+                ..self.limits
+            };
+            let applied = crate::layer::apply(&staging, f, &limits).map_err(|source| {
                 StoreOpError::Layer {
                     diff_id: diff_id.into(),
                     source,
@@ -243,7 +250,7 @@ impl OciStore {
             let _ = drums_store::delete_subvolume(&dst);
             return Err(e.into());
         }
-        Ok(row)
+        Ok((row, applied.charged))
     }
 
     /// Make the image visible (under the lock, with all its layers stored),

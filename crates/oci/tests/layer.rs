@@ -319,6 +319,7 @@ fn bad_layers_are_refused_with_the_entry_named_and_nothing_outside_changes() {
     let big = LayerLimits {
         max_bytes: 10,
         max_entries: 3,
+        ..LayerLimits::default()
     };
     let full = Layer::default()
         .file("a", 0o644, (0, 0), &[7u8; 2000])
@@ -450,4 +451,63 @@ fn bad_layers_are_refused_with_the_entry_named_and_nothing_outside_changes() {
     let root = tempfile::tempdir().unwrap();
     let a = apply(root.path(), &two[..1024], &LayerLimits::default()).unwrap();
     assert_ne!(a.diff_id, sha(&two));
+}
+
+/// A whiteout removes one entry of its own directory: `.wh..` (the
+/// directory itself) and `.wh...` (its parent: for the layer's root, the
+/// staging of every pull and import) are refused, and what is beside the
+/// tree stays.
+#[test]
+fn a_whiteout_names_one_entry_of_its_directory() {
+    need_root();
+    for name in [".wh..", ".wh...", "d/.wh..", "d/.wh...", "d/e/.wh..."] {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("canary"), "canary").unwrap();
+        let root = outside.path().join("tree");
+        std::fs::create_dir_all(root.join("d/e")).unwrap();
+        std::fs::write(root.join("d/e/f"), "f").unwrap();
+        let blob = Layer::default().file(name, 0o644, (0, 0), b"").end();
+        let e = apply(&root, &blob[..], &LayerLimits::default()).unwrap_err();
+        assert!(
+            format!("{e}").contains("whiteout must name one entry"),
+            "{name}: {e}"
+        );
+        assert_eq!(read(&outside.path().join("canary")), "canary", "{name}");
+        assert_eq!(read(&root.join("d/e/f")), "f", "{name}");
+    }
+}
+
+/// Everything a layer writes is charged against the room before it is
+/// written: content and `ENTRY_BYTES` an entry. Past it the layer is
+/// refused, saying so; within it, the charge is what was written.
+#[test]
+fn a_layer_is_charged_what_it_writes_against_its_room() {
+    need_root();
+    use drums_oci::ENTRY_BYTES;
+    let content = Layer::default()
+        .file("a", 0o644, (0, 0), &[1u8; 3000])
+        .end();
+    let room = |room| LayerLimits {
+        room,
+        ..LayerLimits::default()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let e = apply(root.path(), &content[..], &room(ENTRY_BYTES + 2999)).unwrap_err();
+    assert!(matches!(e, LayerError::NoRoom { .. }), "{e}");
+    assert!(format!("{e}").contains("room"), "{e}");
+    assert!(
+        !root.path().join("a").exists(),
+        "written before it was charged"
+    );
+    let a = apply(root.path(), &content[..], &room(ENTRY_BYTES + 3000)).unwrap();
+    assert_eq!(a.charged, ENTRY_BYTES + 3000);
+    // Empty entries are not free.
+    let mut many = Layer::default();
+    for i in 0..20 {
+        many.dir(&format!("d{i}"), 0o755);
+    }
+    let many = many.end();
+    let root = tempfile::tempdir().unwrap();
+    let e = apply(root.path(), &many[..], &room(19 * ENTRY_BYTES)).unwrap_err();
+    assert!(matches!(e, LayerError::NoRoom { .. }), "{e}");
 }

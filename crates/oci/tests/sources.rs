@@ -483,6 +483,7 @@ fn limits_enforced() {
     let limits = ArchiveLimits {
         max_bytes: 1 << 30,
         max_entries: 3,
+        ..ArchiveLimits::default()
     };
     let e = unpack(&a.done()[..], &p.staging(), &limits).unwrap_err();
     assert!(
@@ -494,12 +495,22 @@ fn limits_enforced() {
     let limits = ArchiveLimits {
         max_bytes: 100,
         max_entries: 100,
+        ..ArchiveLimits::default()
     };
     let e = unpack(&a.done()[..], &p.staging(), &limits).unwrap_err();
     assert!(
         matches!(e, SourceError::ArchiveTooBig { limit: 100 }),
         "{e}"
     );
+    p.check_contained();
+    // The store's room is charged the same content.
+    let p = Place::new();
+    let limits = ArchiveLimits {
+        room: 100,
+        ..ArchiveLimits::default()
+    };
+    let e = unpack(&a.done()[..], &p.staging(), &limits).unwrap_err();
+    assert!(matches!(e, SourceError::NoRoom { room: 100 }), "{e}");
     p.check_contained();
 }
 

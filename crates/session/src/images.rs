@@ -140,6 +140,24 @@ impl Manager {
             id: image.config_digest.clone(),
             layers: image.layers.len(),
         });
+        // Every blob to fetch is charged before the first is: what a
+        // manifest declares is what the download may write (fetch_layer
+        // refuses a byte more).
+        let room = crate::manager::StoreRoom::new(&self.cfg, &self.store_root);
+        let mut need = 0u64;
+        for (i, l) in image.layers.iter().enumerate() {
+            if !self.oci.has_layer(&chains[i])? {
+                need = need.saturating_add(l.size);
+            }
+        }
+        let left = room.now()?;
+        if need > left {
+            return Err(SessionError::NoRoom {
+                what: "the image's layers to fetch",
+                need,
+                room: left,
+            });
+        }
         let staging = self.oci.staging_dir()?;
         self.faults.check("image.fetch")?;
         let mut blobs = Vec::with_capacity(image.layers.len());
@@ -194,6 +212,8 @@ impl Manager {
                 blobs: &blobs,
                 name: Some(&name),
                 faults,
+                room: &room,
+                left: left - need,
             };
             store_image(&oci, &job, &|i| {
                 let _ = events.send(PullEvent::Applying { index: i });
@@ -216,7 +236,12 @@ impl Manager {
     {
         let staging = self.oci.staging_dir()?;
         let spool = staging.path().join("archive.tar");
-        self.spool(&mut body, &spool).await?;
+        let room = crate::manager::StoreRoom::new(&self.cfg, &self.store_root);
+        // The spool is charged as it arrives against the room now; what
+        // unpacking writes, against what is left of it.
+        let left = room.now()?;
+        let spooled = self.spool(&mut body, &spool).await?;
+        let left = left.saturating_sub(spooled);
         self.faults.check("image.fetch")?;
         let faults = self.image_faults();
         let oci = self.oci.clone();
@@ -227,8 +252,12 @@ impl Manager {
             let a = drums_oci::archive::unpack(
                 std::io::BufReader::new(file),
                 &unpacked,
-                &drums_oci::ArchiveLimits::default(),
+                &drums_oci::ArchiveLimits {
+                    room: left,
+                    ..Default::default()
+                },
             )?;
+            let blob_bytes: u64 = a.image.layers.iter().map(|l| l.size).sum();
             let chains = drums_oci::chain_ids(&a.image.config.diff_ids);
             // As a pull names it: `drums/two:v1` is `docker.io/drums/two:v1`.
             let name = a
@@ -250,6 +279,8 @@ impl Manager {
                 blobs: &blobs,
                 name: name.as_deref(),
                 faults,
+                room: &room,
+                left: left.saturating_sub(blob_bytes),
             };
             store_image(&oci, &job, &|_| {})?;
             drop(staging);
@@ -300,6 +331,12 @@ struct Storing<'a> {
     blobs: &'a [Option<PathBuf>],
     name: Option<&'a str>,
     faults: ImageFaults,
+    /// The store's room, read again before each layer (sessions and other
+    /// pulls write too), and what is left of it for this image's layers
+    /// after what it already wrote (blobs, a spooled archive): each layer
+    /// gets the smaller, and is charged what it writes.
+    room: &'a crate::manager::StoreRoom,
+    left: u64,
 }
 
 /// Store every layer not stored yet, then make the image visible: under the
@@ -331,6 +368,7 @@ fn store_locked(
     applying: &dyn Fn(usize),
 ) -> Result<(), SessionError> {
     let row = job.row;
+    let mut left = job.left;
     for (i, chain) in row.layers.iter().enumerate() {
         if oci.has_layer(chain)? {
             continue;
@@ -340,7 +378,9 @@ fn store_locked(
             .ok_or_else(|| drums_oci::StoreOpError::LayerMissing(chain.clone()))?;
         applying(i);
         let parent = i.checked_sub(1).map(|p| row.layers[p].as_str());
-        oci.add_layer(locked, parent, chain, &job.diff_ids[i], blob)?;
+        let room = left.min(job.room.now()?);
+        let (_, charged) = oci.add_layer(locked, parent, chain, &job.diff_ids[i], blob, room)?;
+        left = left.saturating_sub(charged);
         if job.faults.fail_layer {
             return Err(SessionError::Injected("image.layer".into()));
         }

@@ -104,6 +104,13 @@ pub enum SessionError {
     /// An import's archive would take the store's reserve.
     #[error("archive larger than the {room} bytes the store has room for (its free space less drumsd's reserve)")]
     ArchiveTooLarge { room: u64 },
+    /// A pull's blobs would take the store's reserve.
+    #[error("{what} take {need} bytes, more than the {room} the store has room for (its free space less drumsd's reserve)")]
+    NoRoom {
+        what: &'static str,
+        need: u64,
+        room: u64,
+    },
     #[error("injected fault at {0}")]
     Injected(String),
     #[error("session {id} did not become ready within {waited_ms} ms{detail}")]
@@ -148,7 +155,9 @@ impl SessionError {
             // The store (or what it holds for sessions) is full: the request
             // was fine, the state of the host refuses it for now.
             e if out_of_room(e) => ErrorKind::Conflict,
-            SessionError::ArchiveTooLarge { .. } => ErrorKind::Conflict,
+            SessionError::ArchiveTooLarge { .. } | SessionError::NoRoom { .. } => {
+                ErrorKind::Conflict
+            }
             SessionError::NotFound(_)
             | SessionError::VersionNotFound { .. }
             | SessionError::ImageNotFound(_)
@@ -219,6 +228,16 @@ fn out_of_room(e: &(dyn std::error::Error + 'static)) -> bool {
             if matches!(io.raw_os_error(), Some(libc::EDQUOT | libc::ENOSPC)) {
                 return true;
             }
+        }
+        // An image that would take the store's reserve.
+        if matches!(
+            err.downcast_ref::<drums_oci::LayerError>(),
+            Some(drums_oci::LayerError::NoRoom { .. })
+        ) || matches!(
+            err.downcast_ref::<drums_oci::SourceError>(),
+            Some(drums_oci::SourceError::NoRoom { .. })
+        ) {
+            return true;
         }
         cur = err.source();
     }

@@ -754,21 +754,46 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
 /// The bytes of a store of `size` bytes kept from sessions (and from
 /// imports being spooled) for drumsd's own writes.
 pub(crate) fn store_reserve(cfg: &ManagerConfig, size: u64) -> u64 {
-    cfg.store_reserve
-        .unwrap_or_else(|| (size / 10).max(MIN_STORE_RESERVE))
+    reserve_of(cfg.store_reserve, size)
+}
+
+fn reserve_of(configured: Option<u64>, size: u64) -> u64 {
+    configured.unwrap_or_else(|| (size / 10).max(MIN_STORE_RESERVE))
 }
 
 /// What an import may spool onto the store now: its free space less the
 /// reserve, so a huge archive is refused before it can fill the store.
 pub(crate) fn import_room(cfg: &ManagerConfig, store_root: &Path) -> Result<u64, SessionError> {
-    let fs = nix::sys::statvfs::statvfs(store_root).map_err(|e| SessionError::Io {
-        op: "statvfs",
-        path: store_root.into(),
-        source: e.into(),
-    })?;
-    let size = fs.blocks() * fs.fragment_size();
-    let free = fs.blocks_available() * fs.fragment_size();
-    Ok(free.saturating_sub(store_reserve(cfg, size)))
+    StoreRoom::new(cfg, store_root).now()
+}
+
+/// The store's room for what drumsd writes of a stranger's (archives,
+/// blobs, layers): its free space less the reserve, read again (a statvfs)
+/// before each step that writes, since sessions write meanwhile.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreRoom {
+    root: PathBuf,
+    reserve: Option<u64>,
+}
+
+impl StoreRoom {
+    pub(crate) fn new(cfg: &ManagerConfig, store_root: &Path) -> StoreRoom {
+        StoreRoom {
+            root: store_root.to_owned(),
+            reserve: cfg.store_reserve,
+        }
+    }
+
+    pub(crate) fn now(&self) -> Result<u64, SessionError> {
+        let fs = nix::sys::statvfs::statvfs(&self.root).map_err(|e| SessionError::Io {
+            op: "statvfs",
+            path: self.root.clone(),
+            source: e.into(),
+        })?;
+        let size = fs.blocks() * fs.fragment_size();
+        let free = fs.blocks_available() * fs.fragment_size();
+        Ok(free.saturating_sub(reserve_of(self.reserve, size)))
+    }
 }
 
 fn quota_store(
