@@ -71,6 +71,8 @@ pub struct TestDaemon {
     pub client: Client,
     /// Flags added to every start of this daemon.
     pub extra_args: Vec<String>,
+    /// Variables added to its environment at every start.
+    pub extra_env: Vec<(String, String)>,
     /// Where its LLM proxy listens for agents on the host (a port of its
     /// own, since tests run daemons side by side).
     pub proxy_local: std::net::SocketAddr,
@@ -83,6 +85,11 @@ impl TestDaemon {
 
     /// [`TestDaemon::start`] with more drumsd flags.
     pub fn start_with(extra_args: &[&str]) -> TestDaemon {
+        TestDaemon::start_with_env(extra_args, &[])
+    }
+
+    /// [`TestDaemon::start_with`], with variables added to its environment.
+    pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> TestDaemon {
         require_root();
         let k = NEXT.fetch_add(1, Ordering::SeqCst);
         let tag = (std::process::id() % 200) as u32 + k * 7;
@@ -97,6 +104,10 @@ impl TestDaemon {
             state,
             child: None,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             proxy_local: std::net::SocketAddr::from((
                 [127, 0, 0, 1],
                 20000 + (std::process::id() % 2000) as u16 * 16 + (k % 16) as u16,
@@ -135,6 +146,7 @@ impl TestDaemon {
             .args(["--store-gib", "4", "--enable-fault-injection"])
             .args(["--llm-proxy-local", &self.proxy_local.to_string()])
             .args(&self.extra_args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

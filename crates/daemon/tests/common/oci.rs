@@ -110,6 +110,19 @@ impl Layer {
         }
     }
 
+    /// A layer of exactly these blob bytes, whose config says `diff_id`:
+    /// for blobs no builder makes (a gzip stream that is mostly repeats of
+    /// one deflate block, say).
+    pub fn from_blob(bytes: Vec<u8>, gzip: bool, diff_id: String) -> Layer {
+        let digest = sha256_digest(&bytes);
+        Layer {
+            bytes: Arc::new(bytes),
+            gzip,
+            diff_id,
+            digest,
+        }
+    }
+
     /// The digest of the uncompressed tar (what the config's
     /// `rootfs.diff_ids` lists).
     pub fn diff_id(&self) -> String {
