@@ -326,6 +326,10 @@ pub struct ForkRequest {
     /// it, without a new checkpoint. Absent: a checkpoint of the session now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
+    /// Keep the checkpoint the fork makes. Without it, that checkpoint is
+    /// removed when the last session restored from it goes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep: bool,
 }
 
 /// The siblings a restore or fork started, all ready.
@@ -333,6 +337,14 @@ pub struct ForkRequest {
 pub struct RestoreResult {
     pub checkpoint: String,
     pub sessions: Vec<Session>,
+    /// False only for the checkpoint a fork made without `keep`: it is
+    /// removed when the last session restored from it goes.
+    #[serde(default = "kept")]
+    pub checkpoint_kept: bool,
+}
+
+fn kept() -> bool {
+    true
 }
 
 /// `GET /v1/audit?a=..&b=..`: isolation between two sessions, and whether

@@ -100,22 +100,55 @@ pub(crate) const DELETE_SESSION: &str = "DELETE FROM coordinated WHERE session_i
 impl Catalog {
     /// Session `id`'s agent talks through the proxy; `agent_pid`, once known,
     /// is its pid inside the session.
+    /// A session an agent outside coordinates has no agent inside, whatever
+    /// the session says ([`Catalog::coordinate_outside`]).
     pub fn coordinate(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
         self.conn()
             .execute(
                 "INSERT INTO coordinated (session_id, agent_pid, since_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (session_id) DO UPDATE SET agent_pid = COALESCE(?2, agent_pid)",
+                 ON CONFLICT (session_id) DO UPDATE SET agent_pid =
+                     CASE WHEN outside = 1 THEN NULL ELSE COALESCE(?2, agent_pid) END",
                 params![id, agent_pid, crate::now_ms()],
             )
             .map_err(sql("record a coordinated session"))?;
         Ok(())
     }
 
+    /// Session `id`'s turns and exchange log are an agent's outside it (it
+    /// names the session by path or header): from now on the session's own
+    /// model calls are none of its turns, and an agent the session had
+    /// claimed to have inside (by calling first) is forgotten. The host's
+    /// agent decides, not the session (docs/security.md).
+    pub fn coordinate_outside(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "INSERT INTO coordinated (session_id, agent_pid, since_ms, outside)
+                 VALUES (?1, NULL, ?2, 1)
+                 ON CONFLICT (session_id) DO UPDATE SET agent_pid = NULL, outside = 1",
+                params![id, crate::now_ms()],
+            )
+            .map_err(sql("record a session coordinated from outside"))?;
+        Ok(())
+    }
+
+    /// Whether an agent outside session `id` coordinates it.
+    pub fn coordinated_outside(&self, id: &str) -> Result<bool> {
+        crate::any_row(
+            &self.conn(),
+            "SELECT 1 FROM coordinated WHERE session_id = ?1 AND outside = 1",
+            params![id],
+            "read a coordinated session",
+        )
+    }
+
     /// Every coordinated session, with its agent's pid inside it if it has one.
     pub fn coordinated(&self) -> Result<Vec<(String, Option<i32>)>> {
         let c = self.conn();
         let mut st = c
-            .prepare("SELECT session_id, agent_pid FROM coordinated ORDER BY since_ms")
+            .prepare(
+                "SELECT session_id, CASE WHEN outside = 1 THEN NULL ELSE agent_pid END
+                 FROM coordinated ORDER BY since_ms",
+            )
             .map_err(sql("list coordinated sessions"))?;
         let rows = st
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -139,7 +172,7 @@ impl Catalog {
     pub fn agent_of(&self, id: &str) -> Result<Option<i32>> {
         self.conn()
             .query_row(
-                "SELECT agent_pid FROM coordinated WHERE session_id = ?1",
+                "SELECT agent_pid FROM coordinated WHERE session_id = ?1 AND outside = 0",
                 params![id],
                 |r| r.get(0),
             )
@@ -390,6 +423,28 @@ mod tests {
             body: format!("answer {seq}").into_bytes(),
             version: version.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn an_agent_outside_overrides_the_one_a_session_claims_inside() {
+        let c = Catalog::in_memory().unwrap();
+        // The session called first, from inside, and a process of it held
+        // the connection.
+        c.coordinate("s", None).unwrap();
+        c.coordinate("s", Some(42)).unwrap();
+        assert_eq!(c.agent_of("s").unwrap(), Some(42));
+        assert!(!c.coordinated_outside("s").unwrap());
+        c.coordinate_outside("s").unwrap();
+        assert!(c.coordinated_outside("s").unwrap());
+        assert_eq!(c.agent_of("s").unwrap(), None);
+        // Nothing the session does later brings its agent back.
+        c.coordinate("s", Some(43)).unwrap();
+        assert_eq!(c.agent_of("s").unwrap(), None);
+        assert_eq!(c.coordinated().unwrap(), vec![("s".to_owned(), None)]);
+        // From the start, too.
+        c.coordinate_outside("t").unwrap();
+        c.coordinate("t", Some(7)).unwrap();
+        assert_eq!(c.agent_of("t").unwrap(), None);
     }
 
     #[test]

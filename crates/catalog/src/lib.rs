@@ -24,7 +24,7 @@ pub use versions::{VersionRecord, IN_FLIGHT};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -638,6 +638,20 @@ fn migrate(conn: &Connection) -> Result<()> {
         // OCI images (images.rs): new tables only.
         conn.execute_batch(images::MIGRATE_7)
             .map_err(sql("migrate to schema 7"))?;
+    }
+    if version < 8 {
+        // Which agent a coordinated session's turns belong to (journal.rs),
+        // and the checkpoints a fork made, which go with their last sibling
+        // (versions.rs). Older rows: an agent found in the session or none;
+        // checkpoints kept until removed by hand, as they were.
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE coordinated ADD COLUMN outside INTEGER NOT NULL DEFAULT 0;
+             ALTER TABLE checkpoints ADD COLUMN with_siblings INTEGER NOT NULL DEFAULT 0;
+             PRAGMA user_version = 8;
+             COMMIT;",
+        )
+        .map_err(sql("migrate to schema 8"))?;
     }
     Ok(())
 }

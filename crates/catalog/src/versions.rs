@@ -196,6 +196,28 @@ impl Catalog {
     }
 
     /// A version by id or name, in any state.
+    /// Checkpoint `id` was made by a fork for its siblings: it is removed
+    /// when the last session restored from it goes.
+    pub fn set_with_siblings(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE checkpoints SET with_siblings = 1 WHERE id = ?1",
+                params![id],
+            )
+            .map_err(sql("mark a fork's checkpoint"))?;
+        Ok(())
+    }
+
+    /// Whether checkpoint `id` goes with its last sibling.
+    pub fn with_siblings(&self, id: &str) -> Result<bool> {
+        crate::any_row(
+            &self.conn(),
+            "SELECT 1 FROM checkpoints WHERE id = ?1 AND with_siblings = 1",
+            params![id],
+            "read a fork's checkpoint",
+        )
+    }
+
     pub fn version(&self, id_or_name: &str) -> Result<Option<VersionRecord>> {
         let c = self.conn();
         let mut st = c

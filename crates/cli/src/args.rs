@@ -123,6 +123,10 @@ pub enum Command {
         /// checkpoint: branching for tree search and RL rollouts.
         #[arg(long)]
         at: Option<String>,
+        /// Keep the checkpoint the fork makes; without it, the checkpoint is
+        /// removed when the last sibling restored from it goes.
+        #[arg(long, conflicts_with = "at")]
+        keep: bool,
         #[arg(long)]
         json: bool,
     },

@@ -550,11 +550,16 @@ pub async fn restore(c: &Client, uri: &str, count: usize, json: bool) -> Result<
 }
 
 /// `drums fork`: siblings of the session now, or of one of its versions.
+///
+/// A fork without `--at` makes a checkpoint (150 MiB for a desktop), which
+/// it says on stderr (stdout stays the siblings' ids, for scripts): removed
+/// when the last sibling goes, or kept with `--keep`.
 pub async fn fork(
     c: &Client,
     session: &str,
     count: usize,
     at: Option<&str>,
+    keep: bool,
     json: bool,
 ) -> Result<i32, Failure> {
     let r: drums_api::RestoreResult = c
@@ -565,9 +570,23 @@ pub async fn fork(
                 count,
                 name: None,
                 at: at.map(str::to_owned),
+                keep,
             }),
         )
         .await?;
+    if at.is_none() && !json {
+        if r.checkpoint_kept {
+            eprintln!(
+                "checkpoint {} kept (`drums checkpoint rm {}` removes it)",
+                r.checkpoint, r.checkpoint
+            );
+        } else {
+            eprintln!(
+                "checkpoint {} made for the fork: removed when its last sibling goes (`--keep` keeps it)",
+                r.checkpoint
+            );
+        }
+    }
     print_restored(&r, json)
 }
 

@@ -83,8 +83,9 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             session,
             count,
             at,
+            keep,
             json,
-        } => commands::fork(&c, session, *count, at.as_deref(), *json).await,
+        } => commands::fork(&c, session, *count, at.as_deref(), *keep, *json).await,
         Command::Recover { session, json } => {
             drums_cli::versions::recover(&c, session, *json).await
         }

@@ -5,6 +5,9 @@
 //! not have are run again, in order, and the one that was outstanding is
 //! re-issued for its caller (drumsd's `reissue` module runs them).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use drums_catalog::CatalogError;
 use http_body_util::{BodyExt, Full};
 use tracing::{info, warn};
@@ -94,88 +97,180 @@ impl Coordinator {
     }
 }
 
+/// Session `id`'s recoveries by this drumsd, and how the newest one's
+/// commands ran again.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    pub count: u64,
+    /// Why the commands since the version could not all run again; a
+    /// waiting exec does not re-issue its command on such a state.
+    pub failed: Option<String>,
+}
+
+/// Running a session's logged commands again failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("read the command log")]
+    Log(#[from] CatalogError),
+    #[error("reach the session's guest: {0}")]
+    Session(String),
+    #[error("command {seq}: ask the guest")]
+    Guest {
+        seq: u64,
+        #[source]
+        source: drums_api::ClientError,
+    },
+    #[error("command {seq}: its stream broke")]
+    Stream {
+        seq: u64,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("command {seq}: not done within {after:?}")]
+    CommandTimeout { seq: u64, after: Duration },
+    #[error("the commands since the version: not done within {after:?}")]
+    TotalTimeout { after: Duration },
+    #[error("command {seq}: over {max} bytes of output")]
+    OutputOver { seq: u64, max: u64 },
+}
+
 impl Coordinator {
     /// How many times session `id` has been recovered and had its commands
     /// run again by this drumsd: a waiting exec re-issues its command once
     /// this has moved.
     pub fn recoveries(&self, id: &str) -> u64 {
+        self.recovery(id).count
+    }
+
+    /// Session `id`'s recoveries, and how the newest one's commands ran.
+    pub fn recovery(&self, id: &str) -> Recovered {
         self.recovered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .copied()
-            .unwrap_or(0)
+            .cloned()
+            .unwrap_or_default()
     }
 
-    /// Session `id` was recovered: an agent outside it had its commands
+    /// The coordinator's bounds (drumsd's flags).
+    pub fn limits(&self) -> &crate::Limits {
+        &self.limits
+    }
+
+    /// Session `id` was recovered: an agent outside it has its commands
     /// since the version run again, in order, their output dropped (their
     /// caller had it); then any waiting exec re-issues its own.
-    pub(crate) async fn after_recovery(&self, id: &str) {
-        let lives_in = self.log.catalog().agent_of(id).ok().flatten().is_some();
-        if !lives_in {
-            if let Err(e) = self.replay_commands(id).await {
-                warn!(session = %id, "run its commands again after the recovery: {e}");
+    ///
+    /// They run in a task of the session's own, bounded by the re-issue
+    /// limits: the session's guest is hostile, and a guest that never
+    /// answers or a command that prints forever must not hold the watch,
+    /// which recovers every other session (docs/security.md). A newer
+    /// recovery of the same session replaces a run still under way (the
+    /// guest it talked to is gone).
+    pub(crate) fn after_recovery(self: &Arc<Self>, id: &str) {
+        let me = self.clone();
+        let sid = id.to_owned();
+        // Held until the task is listed, so that it cannot finish first.
+        let mut replays = self.replays.lock().unwrap_or_else(|p| p.into_inner());
+        let task = tokio::spawn(async move {
+            let lives_in = me.log.catalog().agent_of(&sid).ok().flatten().is_some();
+            let failed = if lives_in {
+                None
+            } else {
+                let total = me.limits.reissue_total;
+                let run = tokio::time::timeout(total, me.replay_commands(&sid)).await;
+                match run.unwrap_or(Err(ReplayError::TotalTimeout { after: total })) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        let why = drums_session::error_chain(&e);
+                        warn!(session = %sid, "run its commands again after the recovery: {why}");
+                        Some(why)
+                    }
+                }
+            };
+            let mut all = me.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            let r = all.entry(sid.clone()).or_default();
+            r.count += 1;
+            r.failed = failed;
+            drop(all);
+            // Unless a newer recovery's run took its place meanwhile.
+            let mine = tokio::task::id();
+            let mut replays = me.replays.lock().unwrap_or_else(|p| p.into_inner());
+            if replays.get(&sid).is_some_and(|h| h.id() == mine) {
+                replays.remove(&sid);
             }
+        });
+        if let Some(old) = replays.insert(id.to_owned(), task.abort_handle()) {
+            old.abort();
         }
-        *self
-            .recovered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_owned())
-            .or_default() += 1;
     }
 
-    async fn replay_commands(&self, id: &str) -> Result<(), String> {
+    async fn replay_commands(&self, id: &str) -> Result<(), ReplayError> {
         let Some(at) = self.manager.at_version(id) else {
             return Ok(());
         };
         let running = self
             .log
             .catalog()
-            .commands(id)
-            .map_err(|e| e.to_string())?
+            .commands(id)?
             .iter()
             .filter(|c| c.state == "running")
             .map(|c| c.seq)
             .min()
             .unwrap_or(u64::MAX);
-        let Some(todo) = self
-            .commands_after(id, &at, running)
-            .map_err(|e| e.to_string())?
-        else {
+        let Some(todo) = self.commands_after(id, &at, running)? else {
             warn!(session = %id, version = %at, "the command log does not know the version recovered to: no command is run again");
             return Ok(());
         };
         let session = self
             .manager
             .get(id)
-            .map_err(|e| drums_session::error_chain(&e))?;
+            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
         for c in &todo {
-            let client = self
-                .manager
-                .guest_proxy(&session)
-                .map_err(|e| drums_session::error_chain(&e))?;
-            let _open = self.manager.guest_stream(id);
-            let req = hyper::Request::builder()
-                .method(hyper::Method::POST)
-                .uri("/v1/exec")
-                .header("host", "guest")
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(bytes::Bytes::from(c.request.clone())))
-                .map_err(|e| e.to_string())?;
-            let resp = client.send(req).await.map_err(|e| e.to_string())?;
-            let resp = client.check(resp).await.map_err(|e| e.to_string())?;
-            // To its end: the command has run when its stream ends.
-            resp.into_body()
-                .collect()
+            let after = self.limits.reissue_command;
+            tokio::time::timeout(after, self.run_again(&session, c))
                 .await
-                .map_err(|e| format!("command {}: {e}", c.seq))?;
+                .unwrap_or(Err(ReplayError::CommandTimeout { seq: c.seq, after }))?;
         }
         if !todo.is_empty() {
             // They ran outside every turn the inspector watches.
             self.manager.changed_outside_turns(id);
         }
         info!(session = %id, version = %at, commands = todo.len(), "ran the commands since the version again");
+        Ok(())
+    }
+
+    /// Run one logged command again, to its end, its output counted and
+    /// dropped. Dropping the guest's answer (a timeout, the cap) stops the
+    /// command in the guest.
+    async fn run_again(&self, session: &drums_api::Session, c: &Logged) -> Result<(), ReplayError> {
+        let client = self
+            .manager
+            .guest_proxy(session)
+            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
+        let _open = self.manager.guest_stream(&session.id);
+        let req = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri("/v1/exec")
+            .header("host", "guest")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(bytes::Bytes::from(c.request.clone())))
+            .expect("a valid request");
+        let guest = |source| ReplayError::Guest { seq: c.seq, source };
+        let resp = client.send(req).await.map_err(guest)?;
+        let mut body = client.check(resp).await.map_err(guest)?.into_body();
+        // To its end: the command has run when its stream ends.
+        let max = self.limits.reissue_output;
+        let mut seen: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|source| ReplayError::Stream { seq: c.seq, source })?;
+            if let Some(d) = frame.data_ref() {
+                seen += d.len() as u64;
+                if seen > max {
+                    return Err(ReplayError::OutputOver { seq: c.seq, max });
+                }
+            }
+        }
         Ok(())
     }
 }

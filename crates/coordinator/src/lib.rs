@@ -17,6 +17,7 @@
 
 mod agent;
 pub mod commands;
+mod limits;
 mod replay;
 mod sse;
 mod turns;
@@ -40,6 +41,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+pub use limits::{Backoff, Limits};
 pub use turns::Boundary;
 pub use upstream::{Style, Upstreams};
 
@@ -93,8 +95,17 @@ pub struct Coordinator {
     client: upstream::HttpsClient,
     turns: turns::Turns,
     log: replay::Log,
-    /// Per session: recoveries done (commands.rs).
-    recovered: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Per session: recoveries done, and how the last one's commands ran
+    /// again (commands.rs).
+    recovered: std::sync::Mutex<std::collections::HashMap<String, commands::Recovered>>,
+    /// Per session: the task running its commands again after a recovery,
+    /// off the watch's path (commands.rs).
+    replays: std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>,
+    /// What one session may make the coordinator do (drumsd's flags).
+    limits: Limits,
+    /// Sessions an agent outside coordinates (the journal's `outside`, as
+    /// this drumsd has seen it so far).
+    outside: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +213,7 @@ impl Coordinator {
         upstreams: Upstreams,
         catalog: Arc<Catalog>,
         policy: Policy,
+        limits: Limits,
     ) -> std::io::Result<Arc<Coordinator>> {
         match catalog.interrupt_running_commands() {
             Ok(0) => {}
@@ -216,6 +228,9 @@ impl Coordinator {
             turns: turns::Turns::default(),
             log: replay::Log::new(catalog),
             recovered: Default::default(),
+            replays: Default::default(),
+            limits,
+            outside: Default::default(),
         }))
     }
 
@@ -325,6 +340,10 @@ impl Coordinator {
         let started_at_ms = now_ms();
         let (parts, body) = req.into_parts();
         let (session, pq) = self.who(&parts, peer, listener)?;
+        // From the session's own address, through the bridge: the session
+        // itself calls, not an agent on the host.
+        let inside = listener == Listener::Bridge
+            && session.as_ref().and_then(|s| s.ip.clone()) == Some(peer.ip().to_string());
         let path = pq.split('?').next().unwrap_or("/").to_owned();
         let (style, asks_model) = Style::of(&parts.method, &path, &parts.headers);
         let base = self
@@ -353,7 +372,10 @@ impl Coordinator {
                 }
             })?
             .to_bytes();
-        let turn = asks_model.then_some(session).flatten();
+        let turn = asks_model
+            .then_some(session)
+            .flatten()
+            .and_then(|s| self.turn_of(s, inside));
 
         let mut up = Request::builder()
             .method(parts.method.clone())
@@ -467,6 +489,58 @@ impl Coordinator {
             rx.recv().await.map(|f| (f, rx))
         }));
         Ok(Response::from_parts(rparts, BodyExt::boxed(body)))
+    }
+
+    /// Whose turn a model call of session `s` is: the session's, or none.
+    /// An agent outside owns the session's turns and exchange log from its
+    /// first call on: the session's own calls through the bridge are then
+    /// forwarded as any request is, and are none of its turns. Otherwise
+    /// the session could end the outside agent's turns, take versions
+    /// between its commands, fork its log, claim an agent inside, and move
+    /// the places its commands are logged at (counted in model calls), so
+    /// that a recovery ran some of them twice or skipped them
+    /// (docs/security.md, "drumsd against hostile input").
+    fn turn_of(&self, s: Session, inside: bool) -> Option<Session> {
+        let catalog = self.log.catalog();
+        let known = |id: &str| {
+            self.outside
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(id)
+        };
+        if !inside {
+            if !known(&s.id) {
+                match catalog.coordinate_outside(&s.id) {
+                    Ok(()) => {
+                        self.outside
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(s.id.clone());
+                    }
+                    Err(e) => warn!(session = %s.name, "journal: {e}"),
+                }
+            }
+            return Some(s);
+        }
+        if known(&s.id) {
+            debug!(session = %s.name, "a model call of the session itself, which an agent outside coordinates: forwarded, no turn");
+            return None;
+        }
+        match catalog.coordinated_outside(&s.id) {
+            Ok(false) => Some(s),
+            Ok(true) => {
+                self.outside
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(s.id.clone());
+                None
+            }
+            // Unknown: not the session's to decide, so no turn.
+            Err(e) => {
+                warn!(session = %s.name, "journal: {e}");
+                None
+            }
+        }
     }
 
     /// A model call of session `s` arrives: what it is for the session's

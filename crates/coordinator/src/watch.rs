@@ -12,10 +12,17 @@
 //! An agent process that ends while its session lives is not a failure: it
 //! is an agent that finished (without its exit status, which only its
 //! parent in the session sees, a kill looks the same).
+//!
+//! The watch is one task for every session, so nothing a session can make
+//! slow runs on it: the commands an agent outside ran since the version run
+//! again in a task of the session's own (commands.rs), and one session's
+//! recoveries in a row back off exponentially (the coordinator's
+//! [`crate::Backoff`]), so a session that fails as soon as it is back
+//! cannot keep drumsd restoring it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Weak;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use drums_session::SessionError;
 use tracing::{info, warn};
@@ -43,13 +50,19 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
     let mut ooms: HashMap<String, u64> = HashMap::new();
     let mut tries: HashMap<String, (u64, u32)> = HashMap::new();
     let mut given_up: HashSet<String> = HashSet::new();
+    // Per session: its last recovery by this watch, and how many came in a
+    // row before it (the backoff's streak).
+    let mut last: HashMap<String, (Instant, u32)> = HashMap::new();
+    // Sessions whose recovery (a task of its own) is under way.
+    let recovering: Arc<Mutex<HashSet<String>>> = Arc::default();
     // Sessions a restarted drumsd recovered at its start (their processes
     // died with the previous one): an agent outside has its commands since
-    // the version run again, as after a recovery by this watch.
+    // the version run again, as after a recovery by this watch, each in a
+    // task of its own with the same bounds.
     if let Some(c) = c.upgrade() {
         for (id, agent) in c.log.catalog().coordinated().unwrap_or_default() {
             if agent.is_none() && c.manager.take_restored(&id).is_some() {
-                c.after_recovery(&id).await;
+                c.after_recovery(&id);
             }
         }
     }
@@ -72,10 +85,17 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
             ooms.retain(|id, _| sessions.contains(id));
             tries.retain(|id, _| sessions.contains(id));
             given_up.retain(|id| sessions.contains(id));
+            last.retain(|id, _| sessions.contains(id));
             inits.retain(|id, _| sessions.contains(id));
         }
         for id in sessions.clone() {
-            if given_up.contains(&id) {
+            if given_up.contains(&id)
+                || recovering
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&id)
+            {
+                // Given up, or its recovery is still under way.
                 continue;
             }
             let init = *inits.entry(id.clone()).or_insert_with(|| {
@@ -96,6 +116,18 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
             let seen = *ooms.entry(id.clone()).or_insert(killed);
             if init_runs && killed <= seen {
                 continue;
+            }
+            // Recovered a moment ago, again: wait out the backoff before
+            // even reading the catalog (this runs every tick meanwhile).
+            let backoff = c.limits.backoff;
+            let streak = match last.get(&id) {
+                Some((at, n)) if at.elapsed() < backoff.reset_after() => *n,
+                _ => 0,
+            };
+            if let Some((at, _)) = last.get(&id) {
+                if at.elapsed() < backoff.delay(streak) {
+                    continue;
+                }
             }
             // Something changed: the catalog says what.
             inits.remove(&id);
@@ -125,30 +157,54 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
                 given_up.insert(id);
                 continue;
             }
-            if oom {
-                // What is left of it comes back whole from its version.
-                if let Err(e) = tokio::task::spawn_blocking(move || cg.kill_all())
-                    .await
-                    .expect("no panic")
-                {
-                    warn!(session = %id, "watch: kill what is left of the session: {e}");
-                    continue;
-                }
-            }
             // The rebuilt session has a new cgroup, with no OOM kills yet.
             ooms.remove(&id);
             c.turns.forget(&id);
-            match c.manager.recover(&id).await {
-                Ok(s) => {
-                    info!(session = %s.name, "{why}: recovered by the coordinator");
-                    c.after_recovery(&id).await;
-                }
-                // A rollback or another recovery got there first.
-                Err(SessionError::Conflict(m)) if !m.contains("no done version") => {}
-                Err(e) => {
-                    warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e))
-                }
+            last.insert(id.clone(), (Instant::now(), streak + 1));
+            if streak > 0 {
+                info!(session = %id, streak, waited = ?backoff.delay(streak), "recovering the session again, after its backoff");
             }
+            // In a task of the session's own: a restore waits for the
+            // session's guest (its hygiene answer), which a hostile session
+            // can make slow, and the watch goes on for the others meanwhile.
+            recovering
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone());
+            let (c, recovering) = (c.clone(), recovering.clone());
+            tokio::spawn(async move {
+                recover(&c, &id, why, oom, cg).await;
+                recovering
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+            });
+        }
+    }
+}
+
+/// Recover session `id` (after killing what is left of it, if the OOM
+/// killer killed in it), and have its commands run again.
+async fn recover(c: &Arc<Coordinator>, id: &str, why: &str, oom: bool, cg: drums_cgroup::Cgroup) {
+    if oom {
+        // What is left of it comes back whole from its version.
+        if let Err(e) = tokio::task::spawn_blocking(move || cg.kill_all())
+            .await
+            .expect("no panic")
+        {
+            warn!(session = %id, "watch: kill what is left of the session: {e}");
+            return;
+        }
+    }
+    match c.manager.recover(id).await {
+        Ok(s) => {
+            info!(session = %s.name, "{why}: recovered by the coordinator");
+            c.after_recovery(id);
+        }
+        // A rollback or another recovery got there first.
+        Err(SessionError::Conflict(m)) if !m.contains("no done version") => {}
+        Err(e) => {
+            warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e))
         }
     }
 }

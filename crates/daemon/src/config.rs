@@ -141,6 +141,32 @@ pub struct DaemonArgs {
     /// Seconds a new session may take to answer before create fails.
     #[arg(long, default_value_t = 20)]
     pub ready_timeout: u64,
+    /// Seconds one logged command of an agent outside its session may take
+    /// when it runs again after a recovery (and a re-issued command, to give
+    /// its caller's output again); past it, that re-issue fails. See
+    /// docs/coordinator.md.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub reissue_command_timeout: u64,
+    /// Seconds all of one recovery's commands may take together.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub reissue_timeout: u64,
+    /// The most output (SIZE) a command may produce when it runs again after
+    /// a recovery, or a re-issue may compare with what its caller had; over
+    /// it, that re-issue fails.
+    #[arg(long, value_parser = parse_size_arg, default_value = "16M", value_name = "SIZE")]
+    pub reissue_output_max: u64,
+    /// Seconds the coordinator's watch waits before recovering a session a
+    /// second time in a row; doubled for each next one, up to
+    /// --recovery-backoff-max. 0 turns the backoff off.
+    #[arg(long, default_value_t = 1, value_name = "SECONDS")]
+    pub recovery_backoff: u64,
+    /// The longest wait between two recoveries of one session.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub recovery_backoff_max: u64,
+    /// Self rollbacks (the session API's POST /v1/self/rollback) one session
+    /// may ask for per minute; more are answered 429 with a Retry-After.
+    #[arg(long, default_value_t = 6, value_name = "N")]
+    pub self_rollbacks_per_minute: u32,
     /// Test-only: serve POST /v1/debug/faults.
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -214,6 +240,29 @@ impl DaemonArgs {
 }
 
 impl DaemonArgs {
+    /// What one session may make the coordinator do.
+    pub fn coordinator_limits(&self) -> anyhow::Result<drums_coordinator::Limits> {
+        if self.recovery_backoff > self.recovery_backoff_max {
+            bail!(
+                "--recovery-backoff {} is over --recovery-backoff-max {}",
+                self.recovery_backoff,
+                self.recovery_backoff_max
+            );
+        }
+        if self.reissue_command_timeout == 0 || self.reissue_timeout == 0 {
+            bail!("--reissue-command-timeout and --reissue-timeout must be at least 1 second");
+        }
+        Ok(drums_coordinator::Limits {
+            reissue_command: Duration::from_secs(self.reissue_command_timeout),
+            reissue_total: Duration::from_secs(self.reissue_timeout),
+            reissue_output: self.reissue_output_max,
+            backoff: drums_coordinator::Backoff {
+                first: Duration::from_secs(self.recovery_backoff),
+                max: Duration::from_secs(self.recovery_backoff_max),
+            },
+        })
+    }
+
     /// The session API's port, unless it is turned off.
     pub fn session_api(&self) -> Option<u16> {
         (self.session_api_port != 0).then_some(self.session_api_port)

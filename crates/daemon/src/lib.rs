@@ -4,6 +4,7 @@
 //! address.
 
 pub mod bounded;
+pub mod budget;
 pub mod config;
 pub mod error;
 mod images;
@@ -70,7 +71,10 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let session_api = match args.session_api() {
         Some(port) => {
             let l = bounded::bind_to_device(&cfg.bridge, manager.bridge_address(), port)?;
-            let api = session_api::SessionApi::new(manager.clone());
+            let api = session_api::SessionApi::new(
+                manager.clone(),
+                session_api::Budget::per_minute(args.self_rollbacks_per_minute),
+            );
             let task = tokio::spawn(session_api::serve(l, api.clone(), async {
                 let _ = stopped.await;
             }));
@@ -90,6 +94,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         upstreams,
         Arc::new(journal),
         args.turn_policy,
+        args.coordinator_limits()?,
     )
     .context("the LLM proxy's upstream client")?;
     let watch = coordinator.spawn_watch();

@@ -37,7 +37,8 @@ const MAX_REQUEST: usize = 1 << 20;
 const MAX_LINE: usize = 4 << 20;
 /// How long a broken stream waits to see whether its session failed.
 const FAILURE_WAIT: Duration = Duration::from_secs(3);
-/// How long it waits for the coordinator to recover the session.
+/// How long it waits for the coordinator to recover the session (then for
+/// its commands to run again, within the coordinator's limits).
 const RECOVERY_WAIT: Duration = Duration::from_secs(120);
 
 type Line = Result<Bytes, std::io::Error>;
@@ -235,11 +236,34 @@ impl Run {
         let mut check: Option<[(u64, Sha256); 2]> = again
             .as_ref()
             .map(|g| [(g[0].bytes, Sha256::new()), (g[1].bytes, Sha256::new())]);
-        let mut buf: Vec<u8> = Vec::new();
+        let mut lines = Lines::default();
+        // A re-issue must give again what the caller had within the
+        // per-command deadline, and no more of it than the output cap is
+        // compared: a guest that stops, or a command that never gets there,
+        // fails this re-issue rather than hold its caller and the session.
+        let limits = *self.c.limits();
+        if let Some(g) = again.as_ref() {
+            let had = g[0].bytes + g[1].bytes;
+            if had > limits.reissue_output {
+                return End::Broken(format!(
+                    "the caller had {had} bytes of output, over the {} bytes a re-issue compares (--reissue-output-max)",
+                    limits.reissue_output
+                ));
+            }
+        }
+        let catch_up = tokio::time::sleep(limits.reissue_command);
+        tokio::pin!(catch_up);
         loop {
+            let checking = check
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|(left, _)| *left > 0));
             let frame = tokio::select! {
                 f = a.body.frame() => f,
                 _ = self.tx.closed() => return End::ClientGone,
+                _ = &mut catch_up, if checking => return End::Broken(format!(
+                    "the re-issued command did not give again what the caller had within {:?} (--reissue-command-timeout)",
+                    limits.reissue_command
+                )),
             };
             let data = match frame {
                 None => return End::Broken("the command's stream ended without its exit".into()),
@@ -249,10 +273,9 @@ impl Run {
                     Err(_) => continue,
                 },
             };
-            buf.extend_from_slice(&data);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                let frame: ExecFrame = match serde_json::from_slice(&line) {
+            lines.push(&data);
+            while let Some(line) = lines.next_line() {
+                let frame: ExecFrame = match serde_json::from_slice(lines.get(line)) {
                     Ok(f) => f,
                     Err(e) => return End::Broken(format!("the guest sent a bad frame: {e}")),
                 };
@@ -306,7 +329,7 @@ impl Run {
                     }
                 }
             }
-            if buf.len() > MAX_LINE {
+            if lines.pending() > MAX_LINE {
                 return End::Broken("the guest sent a frame over 4 MiB".into());
             }
         }
@@ -341,20 +364,159 @@ impl Run {
     }
 
     /// The session once the coordinator recovered it and ran its commands
-    /// since the version again.
+    /// since the version again. If they could not all run again (the
+    /// re-issue limits), the command is not re-issued on such a state.
     async fn recovered(&self) -> Result<Session, String> {
-        let deadline = Instant::now() + RECOVERY_WAIT;
+        // The recovery itself, then its commands, which the re-issue limits
+        // bound; the recovery's backoff comes on top.
+        let wait = RECOVERY_WAIT + self.c.limits().reissue_total + self.c.limits().backoff.max;
+        let deadline = Instant::now() + wait;
         loop {
-            if self.c.recoveries(&self.session.id) > self.recoveries {
+            let r = self.c.recovery(&self.session.id);
+            if r.count > self.recoveries {
+                if let Some(why) = r.failed {
+                    return Err(format!(
+                        "its commands since the version did not run again: {why}"
+                    ));
+                }
                 return self
                     .m
                     .get(&self.session.id)
                     .map_err(|e| drums_session::error_chain(&e));
             }
             if Instant::now() > deadline {
-                return Err(format!("not recovered within {RECOVERY_WAIT:?}"));
+                return Err(format!("not recovered within {wait:?}"));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The guest's frames, split into lines as they arrive, each byte looked at
+/// once: a line is searched for only in bytes not searched yet, and what is
+/// consumed is dropped once per chunk, not once per line. Searching the
+/// whole buffer again for each chunk, and draining it for each line, made a
+/// long line sent in small pieces, or many lines in one chunk, quadratic in
+/// the guest's output, a cost a hostile guest chooses.
+#[derive(Default)]
+struct Lines {
+    buf: Vec<u8>,
+    /// Where the first line not yet handed out starts.
+    start: usize,
+    /// Bytes from `start` up to here hold no newline.
+    searched: usize,
+    /// Bytes looked at or moved, over the whole stream: read by the unit
+    /// tests, which hold the splitter to linear work.
+    #[cfg_attr(not(test), allow(dead_code))]
+    work: usize,
+}
+
+impl Lines {
+    fn push(&mut self, data: &[u8]) {
+        if self.start > 0 {
+            // Each byte is moved at most once: after this, `start` stays 0
+            // until a line is handed out, which takes the bytes moved.
+            self.work += self.buf.len() - self.start;
+            self.buf.drain(..self.start);
+            self.searched -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole line (with its newline), as a range for [`Lines::get`].
+    fn next_line(&mut self) -> Option<std::ops::Range<usize>> {
+        let rest = &self.buf[self.searched..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                self.work += i + 1;
+                let line = self.start..self.searched + i + 1;
+                self.start = line.end;
+                self.searched = line.end;
+                Some(line)
+            }
+            None => {
+                self.work += rest.len();
+                self.searched = self.buf.len();
+                None
+            }
+        }
+    }
+
+    fn get(&self, r: std::ops::Range<usize>) -> &[u8] {
+        &self.buf[r]
+    }
+
+    /// Bytes of a line not yet whole.
+    fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lines;
+
+    fn all(l: &mut Lines) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(r) = l.next_line() {
+            out.push(l.get(r).to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn many_lines_in_one_chunk_cost_their_length() {
+        let line = b"{\"type\":\"output\"}\n";
+        let n = 200_000;
+        let chunk: Vec<u8> = line.iter().copied().cycle().take(line.len() * n).collect();
+        let mut l = Lines::default();
+        l.push(&chunk);
+        let got = all(&mut l);
+        assert_eq!(got.len(), n);
+        assert!(got.iter().all(|g| g == line));
+        assert_eq!(l.pending(), 0);
+        // Linear: every byte looked at about once (the old drain per line
+        // moved the rest of the chunk each time: n²/2 lines' worth).
+        assert!(l.work <= 2 * chunk.len(), "{} for {}", l.work, chunk.len());
+    }
+
+    #[test]
+    fn a_long_line_in_small_pieces_is_searched_once() {
+        let total = 4 << 20;
+        let mut l = Lines::default();
+        let piece = vec![b'a'; 16];
+        for _ in 0..total / piece.len() {
+            l.push(&piece);
+            assert!(l.next_line().is_none());
+        }
+        assert_eq!(l.pending(), total);
+        l.push(b"\nrest");
+        let line = l.next_line().expect("a whole line");
+        assert_eq!(line.len(), total + 1);
+        assert!(l.next_line().is_none());
+        assert_eq!(l.pending(), 4);
+        l.push(b"\n");
+        let r = l.next_line().unwrap();
+        assert_eq!(l.get(r), b"rest\n");
+        // Searching the whole buffer again per piece was total²/32 bytes.
+        assert!(l.work <= 3 * (total + 6), "{}", l.work);
+    }
+
+    #[test]
+    fn lines_split_across_chunks_anywhere_come_out_whole() {
+        let text: Vec<u8> = (0..5000)
+            .flat_map(|i| format!("line {i} {}\n", "x".repeat(i % 97)).into_bytes())
+            .collect();
+        for step in [1, 2, 7, 64, 4096, text.len()] {
+            let mut l = Lines::default();
+            let mut out = Vec::new();
+            for c in text.chunks(step) {
+                l.push(c);
+                out.extend(all(&mut l));
+            }
+            assert_eq!(out.concat(), text, "chunks of {step}");
+            assert_eq!(out.len(), 5000);
         }
     }
 }

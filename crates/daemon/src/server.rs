@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use drums_api::{CreateSession, Fault, SessionList, Version};
 use drums_session::Manager;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::ApiError;
 use crate::json::{JsonBody, OptionalJsonBody};
@@ -256,6 +256,7 @@ async fn fork(
         count: 1,
         name: None,
         at: None,
+        keep: false,
     });
     // Refused before the checkpoint, which would otherwise be left behind.
     drums_session::restore::check_siblings(req.count, req.name.as_deref())?;
@@ -273,8 +274,24 @@ async fn fork(
             leave_running: true,
         })
         .await?;
-    info!(checkpoint = %ck.id, session = %id, "checkpoint created for a fork");
-    let r = m.restore(&ck.id, req.count, req.name.as_deref()).await?;
+    info!(checkpoint = %ck.id, session = %id, keep = req.keep, "checkpoint created for a fork");
+    // The checkpoint exists for its siblings: it goes with the last of them
+    // (docs/checkpoints.md), and with a restore that failed.
+    if !req.keep {
+        m.checkpoint_goes_with_siblings(&ck.id)?;
+    }
+    let mut r = match m.restore(&ck.id, req.count, req.name.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => {
+            if !req.keep {
+                if let Err(rm) = m.remove_checkpoint(&ck.id).await {
+                    warn!(checkpoint = %ck.id, "remove the checkpoint of a fork whose restore failed: {}", drums_session::error_chain(&rm));
+                }
+            }
+            return Err(e.into());
+        }
+    };
+    r.checkpoint_kept = req.keep;
     log_restored(&ck.id, &r);
     Ok((StatusCode::CREATED, Json(r)))
 }

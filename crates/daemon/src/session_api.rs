@@ -10,7 +10,9 @@
 //! - `GET /v1/self/versions`: the session's versions;
 //! - `POST /v1/self/rollback` `{"to": N | "ID"}`: answered 202 at once, and
 //!   the rollback runs afterwards, since it replaces every process of the
-//!   session, the caller's included.
+//!   session, the caller's included. Each session may have at most
+//!   `--self-rollbacks-per-minute` of them started in any minute; more are
+//!   429 with a Retry-After.
 //!
 //! Anything else is 404, and a connection from an address that is no
 //! session's is 403 whatever it asks.
@@ -51,6 +53,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+pub use crate::budget::Budget;
 use crate::error::ApiError;
 use crate::json::OptionalJsonBody;
 
@@ -61,9 +64,13 @@ use crate::json::OptionalJsonBody;
 /// loses only the answer; its process was going to be replaced anyway.
 pub const ROLLBACK_GRACE: Duration = Duration::from_millis(500);
 
-/// The session API's state: the manager, and the self rollbacks under way.
+/// The session API's state: the manager, the self rollbacks under way, and
+/// each session's budget of them.
 pub struct SessionApi {
     manager: Arc<Manager>,
+    /// Self rollbacks granted per session and minute (drumsd's
+    /// `--self-rollbacks-per-minute`).
+    rollbacks: Budget,
     /// Sessions with a self rollback answered and not finished: a second one
     /// is refused (409) rather than queued behind the first.
     rolling: Mutex<HashSet<String>>,
@@ -76,9 +83,10 @@ pub struct SessionApi {
 struct Caller(drums_api::Session);
 
 impl SessionApi {
-    pub fn new(manager: Arc<Manager>) -> Arc<SessionApi> {
+    pub fn new(manager: Arc<Manager>, rollbacks: Budget) -> Arc<SessionApi> {
         Arc::new(SessionApi {
             manager,
+            rollbacks,
             rolling: Mutex::new(HashSet::new()),
             tasks: Mutex::new(JoinSet::new()),
         })
@@ -173,6 +181,26 @@ async fn identify(
     }
 }
 
+/// 429 with a Retry-After (whole seconds, rounded up) and what the budget is.
+fn too_many(session: &str, budget: &Budget, wait: Duration) -> Response {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut r = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_requests",
+        format!(
+            "session {session} asked for more than {} self rollbacks in {} s: try again in {secs} s",
+            budget.limit(),
+            budget.window().as_secs()
+        ),
+    )
+    .into_response();
+    r.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(secs.max(1)),
+    );
+    r
+}
+
 fn forbidden(ip: &str) -> Response {
     ApiError::new(
         StatusCode::FORBIDDEN,
@@ -232,6 +260,10 @@ async fn rollback(
     // Checked before the answer: an unknown version (400), one not done or
     // without processes (409), a session that is not running (409).
     let target = api.manager.rollback_target(&s.id, to.as_deref())?;
+    // Charged only for a rollback that will run: a refused one cost nothing.
+    if let Err(wait) = api.rollbacks.take(&s.id, std::time::Instant::now()) {
+        return Ok(too_many(&s.name, &api.rollbacks, wait));
+    }
     let m = api.manager.clone();
     let (id, name, version) = (s.id.clone(), s.name.clone(), target.id.clone());
     let number = target.number;

@@ -725,3 +725,82 @@ fn a_checkpoint_remove_during_a_restore_waits_for_it() {
     });
     d.stop_and_check_leaks();
 }
+
+/// `drums fork` says that it made a checkpoint, and that checkpoint goes
+/// with the last of its siblings, unless `--keep`: then it stays, and the
+/// CLI says so. The API's answer says which (`checkpoint_kept`).
+#[test]
+fn a_forks_checkpoint_goes_with_its_last_sibling_unless_kept() {
+    let mut d = TestDaemon::start();
+    let checkpoints = |d: &TestDaemon| -> Vec<String> {
+        let o = d.drums(&["checkpoints", "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let l: drums_api::CheckpointList = serde_json::from_slice(&o.stdout).unwrap();
+        l.checkpoints.into_iter().map(|c| c.id).collect()
+    };
+    run(async {
+        d.create(&CreateSession {
+            name: Some("src".into()),
+            network: Some("none".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let o = d.drums(&["fork", "src", "--count", "2"]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}\n{}", d.log());
+        let siblings: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(siblings.len(), 2, "stdout stays the siblings' ids");
+        let made = checkpoints(&d);
+        assert_eq!(made.len(), 1);
+        assert!(
+            err.contains(&format!(
+                "checkpoint {} made for the fork: removed when its last sibling goes",
+                made[0]
+            )),
+            "{err}"
+        );
+        d.rm(&siblings[0]).await.unwrap();
+        assert_eq!(checkpoints(&d), made, "another sibling still uses it");
+        d.rm(&siblings[1]).await.unwrap();
+        assert!(checkpoints(&d).is_empty(), "it went with its last sibling");
+        assert!(
+            d.log()
+                .contains("the fork's checkpoint went with its last sibling"),
+            "{}",
+            d.log()
+        );
+
+        // Kept: it stays after its sibling, until removed by hand.
+        let r: drums_api::RestoreResult = d
+            .client
+            .json(
+                Method::POST,
+                "/v1/sessions/src/fork",
+                Some(&drums_api::ForkRequest {
+                    count: 1,
+                    name: None,
+                    at: None,
+                    keep: true,
+                }),
+            )
+            .await
+            .unwrap();
+        assert!(r.checkpoint_kept);
+        d.rm(&r.sessions[0].id).await.unwrap();
+        assert_eq!(checkpoints(&d), vec![r.checkpoint.clone()]);
+        let o = d.drums(&["fork", "src", "--keep"]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains("kept (`drums checkpoint rm"), "{err}");
+        let sibling = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+        d.rm(&sibling).await.unwrap();
+        assert_eq!(checkpoints(&d).len(), 2);
+        remove_checkpoints(&d).await;
+        d.rm("src").await.unwrap();
+    });
+    d.stop_and_check_leaks();
+}

@@ -714,6 +714,7 @@ fn an_oci_session_forks_is_inspected_and_audited_as_drums_own() {
                 hyper::Method::POST,
                 &format!("/v1/sessions/{}/fork", s.id),
                 Some(&drums_api::ForkRequest {
+                    keep: true,
                     count: 2,
                     name: None,
                     at: None,

@@ -632,7 +632,47 @@ impl Manager {
     /// `drums rm`: kill the session and remove everything it owned.
     pub async fn remove(&self, id_or_name: &str) -> Result<(), SessionError> {
         let rec = self.record(id_or_name)?;
-        self.remove_record(&rec).await
+        self.remove_record(&rec).await?;
+        self.remove_fork_checkpoint(&rec).await;
+        Ok(())
+    }
+
+    /// A fork's checkpoint (made without `keep`) goes with the last session
+    /// restored from it. Its removal failing leaves a checkpoint `drums
+    /// checkpoint rm` removes; the session is gone either way.
+    async fn remove_fork_checkpoint(&self, rec: &SessionRecord) {
+        let Some(ck) = &rec.origin else {
+            return;
+        };
+        let last = || -> Result<bool, SessionError> {
+            Ok(self.catalog.with_siblings(ck)?
+                && !self
+                    .catalog
+                    .sessions()?
+                    .iter()
+                    .any(|s| s.origin.as_deref() == Some(ck.as_str())))
+        };
+        match last() {
+            Ok(false) => {}
+            Ok(true) => match self.remove_checkpoint(ck).await {
+                Ok(()) => {
+                    info!(checkpoint = %ck, "the fork's checkpoint went with its last sibling")
+                }
+                // Removed by hand meanwhile.
+                Err(SessionError::CheckpointNotFound(_)) => {}
+                Err(e) => {
+                    warn!(checkpoint = %ck, "remove the fork's checkpoint with its last sibling: {}", crate::error_chain(&e))
+                }
+            },
+            Err(e) => {
+                warn!(checkpoint = %ck, "find the siblings of a fork's checkpoint: {}", crate::error_chain(&e))
+            }
+        }
+    }
+
+    /// Checkpoint `id` was made by a fork, and goes with its last sibling.
+    pub fn checkpoint_goes_with_siblings(&self, id: &str) -> Result<(), SessionError> {
+        Ok(self.catalog.set_with_siblings(id)?)
     }
 
     /// A version being taken finishes first and queued ones are dropped: a
@@ -669,7 +709,9 @@ impl Manager {
             if let Err(e) = self.remove_record(&s).await {
                 warn!("shutdown: {}", crate::error_chain(&e));
                 first_err.get_or_insert(e);
+                continue;
             }
+            self.remove_fork_checkpoint(&s).await;
         }
         // The Store handle's own close would unmount too; the ledger row does the
         // same, so drop the handle first and let one path do it.

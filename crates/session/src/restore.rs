@@ -117,6 +117,7 @@ impl Manager {
             return Err(e);
         }
         Ok(RestoreResult {
+            checkpoint_kept: true,
             checkpoint: ck.id,
             sessions,
         })
