@@ -90,6 +90,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         upstreams,
         Arc::new(journal),
         args.turn_policy,
+        args.proxy_limits(),
     )
     .context("the LLM proxy's upstream client")?;
     let watch = coordinator.spawn_watch();
