@@ -278,6 +278,15 @@ fn only_the_llm_apis_paths_reach_the_upstream() {
     let mut d =
         TestDaemon::start_with(&["--llm-upstream", &format!("openai=http://{}/api", up.at)]);
     let at = d.proxy_local;
+    // The proxy listens a moment after the API socket.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(at).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the proxy never listened on {at}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for (method, path, status, kind) in [
         ("GET", "/v1/../admin", 400, "bad_path"),
         ("GET", "/v1/models/..", 400, "bad_path"),
