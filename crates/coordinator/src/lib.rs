@@ -152,7 +152,7 @@ enum ProxyError {
     Lookup {
         who: String,
         #[source]
-        source: SessionError,
+        source: Box<SessionError>,
     },
     #[error("the proxy forwards only GET, POST and DELETE (the LLM APIs' methods), not {0}")]
     Method(hyper::Method),
@@ -407,7 +407,7 @@ impl Coordinator {
                     .session_at(ip)
                     .map_err(|source| ProxyError::Lookup {
                         who: format!("address {ip}"),
-                        source,
+                        source: Box::new(source),
                     })?
             }
             _ => None,
@@ -417,7 +417,7 @@ impl Coordinator {
                 SessionError::NotFound(_) => ProxyError::UnknownSession(n.to_owned()),
                 source => ProxyError::Lookup {
                     who: format!("name {n:?}"),
-                    source,
+                    source: Box::new(source),
                 },
             })
         };
