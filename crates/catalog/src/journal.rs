@@ -302,16 +302,61 @@ impl Catalog {
             .map_err(sql("count forks"))
     }
 
-    /// Keep the record of a coordinated request (JSON).
-    pub fn log_turn_record(&self, id: &str, record: &str) -> Result<()> {
+    /// The rows of session `id`'s exchange log (every branch) and their
+    /// bytes (bodies and headers): what its journal budget counts.
+    pub fn exchanges_size(&self, id: &str) -> Result<(u64, u64)> {
+        // length() of a blob is read from the row's header, not its content.
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(body) + LENGTH(headers)), 0)
+                 FROM llm_exchanges WHERE session_id = ?1",
+                params![id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+            .map_err(sql("measure the exchange log"))
+    }
+
+    /// Drop the exchanges of session `id` before place `floor`, in every
+    /// branch: no fast-forward starts before the oldest version the session
+    /// can still go back to, so the caller passes that version's place. The
+    /// newest exchange of the live log always stays, since the log's length
+    /// (a command's position, the watch's progress) is counted from it.
+    /// Returns how many went.
+    pub fn prune_exchanges(&self, id: &str, floor: u64) -> Result<u64> {
         self.conn()
             .execute(
+                "DELETE FROM llm_exchanges WHERE session_id = ?1 AND seq < ?2
+                 AND NOT (branch = 0 AND seq = (SELECT MAX(seq) FROM llm_exchanges
+                                                WHERE session_id = ?1 AND branch = 0))",
+                params![id, floor.min(i64::MAX as u64) as i64],
+            )
+            .map(|n| n as u64)
+            .map_err(sql("prune the exchange log"))
+    }
+
+    /// Keep the record of a coordinated request (JSON), and only the newest
+    /// `keep` of session `id`'s records: they are for people to read, and
+    /// a session making model calls for days must not grow the catalog
+    /// without bound.
+    pub fn log_turn_record(&self, id: &str, record: &str, keep: u64) -> Result<()> {
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(sql("log a turn record"))?;
+        let seq: i64 = tx
+            .query_row(
                 "INSERT INTO coordinated_turns (session_id, seq, record)
                  VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM coordinated_turns
-                              WHERE session_id = ?1), ?2)",
+                              WHERE session_id = ?1), ?2)
+                 RETURNING seq",
                 params![id, record],
+                |r| r.get(0),
             )
             .map_err(sql("log a turn record"))?;
+        tx.execute(
+            "DELETE FROM coordinated_turns WHERE session_id = ?1 AND seq <= ?2",
+            params![id, seq - keep.min(i64::MAX as u64) as i64],
+        )
+        .map_err(sql("prune turn records"))?;
+        tx.commit().map_err(sql("log a turn record"))?;
         Ok(())
     }
 
@@ -472,6 +517,36 @@ mod tests {
     }
 
     #[test]
+    fn pruning_keeps_what_a_fast_forward_can_reach_and_the_log_s_length() {
+        let c = Catalog::in_memory().unwrap();
+        for i in 0..6 {
+            c.log_exchange("s", &x(i, &format!("h{i}"), Some(&format!("v{i}"))))
+                .unwrap();
+        }
+        c.log_exchange("t", &x(0, "h0", None)).unwrap();
+        // A fork at 4: places 4 and 5 move to branch 1.
+        assert_eq!(c.fork_exchanges("s", 4).unwrap(), 1);
+        let one = x(0, "h0", Some("v0"));
+        let row = (one.body.len() + serde_json::to_string(&one.headers).unwrap().len()) as u64;
+        assert_eq!(c.exchanges_size("s").unwrap(), (6, 6 * row));
+        // The oldest version left is at 2: 0 and 1 go, in every branch.
+        assert_eq!(c.prune_exchanges("s", 2).unwrap(), 2);
+        assert_eq!(c.exchange("s", 1).unwrap(), None);
+        assert_eq!(c.exchange_of_version("s", "v2").unwrap(), Some(2));
+        assert_eq!(c.exchanges_len("s").unwrap(), 4);
+        // Past the log's end: everything but its newest entry, whose place
+        // is the log's length; the forked branch goes too.
+        assert_eq!(c.prune_exchanges("s", 100).unwrap(), 3);
+        assert_eq!(c.exchanges_len("s").unwrap(), 4);
+        assert_eq!(c.exchanges_size("s").unwrap().0, 1);
+        assert_eq!(
+            c.exchanges_size("t").unwrap().0,
+            1,
+            "another session's log stays"
+        );
+    }
+
+    #[test]
     fn commands_and_records_are_kept_in_order() {
         let c = Catalog::in_memory().unwrap();
         assert_eq!(c.begin_command("s", 0, None, "{}").unwrap(), 0);
@@ -485,9 +560,11 @@ mod tests {
             vec![(0, 0, "done"), (1, 1, "running")]
         );
         for i in 0..5 {
-            c.log_turn_record("s", &i.to_string()).unwrap();
+            c.log_turn_record("s", &i.to_string(), 3).unwrap();
         }
         assert_eq!(c.turn_records("s", 2).unwrap(), vec!["3", "4"]);
+        // Only the newest 3 are kept.
+        assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3", "4"]);
         c.coordinate("s", None).unwrap();
         assert_eq!(c.agent_of("s").unwrap(), None);
         c.coordinate("s", Some(7)).unwrap();

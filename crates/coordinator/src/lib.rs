@@ -16,6 +16,7 @@
 //! path prefix or an `x-drums-session` header (an agent outside).
 
 mod agent;
+mod budget;
 pub mod commands;
 mod limits;
 mod replay;
@@ -26,15 +27,15 @@ mod watch;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use drums_api::{CoordinatedTurn, EndTurn, Policy, Session};
 use drums_catalog::{Catalog, Exchange};
 use drums_inspect::InspectError;
 use drums_session::{Manager, SessionError};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
@@ -42,6 +43,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 pub use limits::{Backoff, Limits};
+pub use replay::JournalBudget;
 pub use turns::Boundary;
 pub use upstream::{Style, Upstreams};
 
@@ -58,6 +60,17 @@ pub const MAX_LOGGED_BYTES: usize = 64 << 20;
 
 /// Records `GET /v1/sessions/{session}/coordinator` shows (the newest).
 const RECORDS_SHOWN: u64 = 1000;
+
+/// Four requests of the largest size at once, or one answer of the largest
+/// that is logged and a request beside it; an agent's usual requests are
+/// well under a MiB, so hundreds of them at once.
+pub const DEFAULT_SESSION_MEMORY: usize = 128 << 20;
+/// A 32 MiB body needs only ~4.5 Mbit/s to arrive in time.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Rows after pruning, i.e. model calls since the oldest version the
+/// session can still go back to (retention keeps 8 and the pinned ones).
+pub const DEFAULT_JOURNAL_ROWS: u64 = 10_000;
+pub const DEFAULT_JOURNAL_BYTES: u64 = 256 << 20;
 
 /// The header naming an outside agent's session.
 pub const SESSION_HEADER: &str = "x-drums-session";
@@ -106,12 +119,52 @@ pub struct Coordinator {
     /// Sessions an agent outside coordinates (the journal's `outside`, as
     /// this drumsd has seen it so far).
     outside: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Bytes held per session (or address) of request and answer bodies.
+    memory: budget::Budgets,
 }
 
 #[derive(Debug, thiserror::Error)]
 enum ProxyError {
     #[error("no session named {0:?}")]
     UnknownSession(String),
+    /// Never taken for "no session": a caller the proxy cannot place is
+    /// refused, not served as the host.
+    #[error("look up the session of {who}: {}", drums_session::error_chain(.source))]
+    Lookup {
+        who: String,
+        #[source]
+        source: Box<SessionError>,
+    },
+    #[error("the proxy forwards only GET, POST and DELETE (the LLM APIs' methods), not {0}")]
+    Method(hyper::Method),
+    #[error("the proxy forwards only the LLM APIs' paths under /v1/, not {0:?}")]
+    NotProxied(String),
+    #[error("path {path:?} refused: {why}")]
+    BadPath { path: String, why: &'static str },
+    #[error("the request body did not arrive within {secs} s ({got} bytes came)")]
+    SlowBody { secs: u64, got: usize },
+    #[error(
+        "{who} holds {held} bytes of bodies in the proxy already; with this request's it \
+         would pass its budget of {limit} bytes (drumsd --llm-proxy-session-memory)"
+    )]
+    OverBudget {
+        who: String,
+        held: usize,
+        limit: usize,
+    },
+    #[error(
+        "session {session}'s exchange log holds {rows} rows and {bytes} bytes, over its budget of \
+         {max_rows} rows and {max_bytes} bytes even without what no rollback or recovery can \
+         reach (drumsd --llm-journal-rows, --llm-journal-bytes): remove old versions of it, or \
+         raise the budget"
+    )]
+    JournalFull {
+        session: String,
+        rows: u64,
+        bytes: u64,
+        max_rows: u64,
+        max_bytes: u64,
+    },
     #[error("a request from session {from} cannot act for session {named}")]
     NotYours { from: String, named: String },
     #[error("no upstream for {0} requests: start drumsd with --llm-upstream {0}=URL")]
@@ -127,7 +180,14 @@ enum ProxyError {
 impl ProxyError {
     fn status(&self) -> StatusCode {
         match self {
-            ProxyError::UnknownSession(_) => StatusCode::NOT_FOUND,
+            ProxyError::UnknownSession(_) | ProxyError::NotProxied(_) => StatusCode::NOT_FOUND,
+            ProxyError::Lookup { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::Method(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::BadPath { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::SlowBody { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::OverBudget { .. } | ProxyError::JournalFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ProxyError::NotYours { .. } => StatusCode::FORBIDDEN,
             ProxyError::NoUpstream(_) | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -137,7 +197,13 @@ impl ProxyError {
 
     fn kind(&self) -> &'static str {
         match self {
-            ProxyError::UnknownSession(_) => "not_found",
+            ProxyError::UnknownSession(_) | ProxyError::NotProxied(_) => "not_found",
+            ProxyError::Lookup { .. } => "lookup_failed",
+            ProxyError::Method(_) => "method_not_allowed",
+            ProxyError::BadPath { .. } => "bad_path",
+            ProxyError::SlowBody { .. } => "too_slow",
+            ProxyError::OverBudget { .. } => "over_budget",
+            ProxyError::JournalFull { .. } => "journal_full",
             ProxyError::NotYours { .. } => "forbidden",
             ProxyError::NoUpstream(_) => "no_upstream",
             ProxyError::Upstream { .. } => "upstream_unavailable",
@@ -154,11 +220,19 @@ impl ProxyError {
             "type": "error",
             "error": {"type": self.kind(), "kind": self.kind(), "message": self.to_string()},
         });
-        Response::builder()
+        let mut r = Response::builder()
             .status(self.status())
             .header(header::CONTENT_TYPE, "application/json")
-            .header("x-drums-proxy-error", self.kind())
-            .body(full(Bytes::from(body.to_string())))
+            .header("x-drums-proxy-error", self.kind());
+        if matches!(
+            self,
+            ProxyError::SlowBody { .. } | ProxyError::OverBudget { .. } | ProxyError::TooLarge
+        ) {
+            // The rest of the body is not read: the connection cannot carry
+            // another request.
+            r = r.header(header::CONNECTION, "close");
+        }
+        r.body(full(Bytes::from(body.to_string())))
             .expect("a valid response")
     }
 }
@@ -193,8 +267,11 @@ struct Pending {
     /// for (its first request).
     seeking: Option<tokio::task::JoinHandle<()>>,
     /// The answer as it went out, to log: status, headers, body (`None` once
-    /// over [`MAX_LOGGED_BYTES`], or not a 2xx).
+    /// over [`MAX_LOGGED_BYTES`] or the session's memory budget, or not a
+    /// 2xx).
     answer: Option<Answer>,
+    /// The kept answer's bytes, charged to the session's memory budget.
+    kept: budget::Charge,
     /// The upstream broke off.
     broken: bool,
     /// The turn's end: its effects, or none if no turn was open after all
@@ -227,6 +304,7 @@ impl Coordinator {
             client: upstream::client()?,
             turns: turns::Turns::default(),
             log: replay::Log::new(catalog),
+            memory: budget::Budgets::new(limits.session_memory),
             recovered: Default::default(),
             replays: Default::default(),
             limits,
@@ -304,14 +382,27 @@ impl Coordinator {
                 pq,
             ),
         };
+        // A failed lookup is refused: taken as "no session", a caller the
+        // catalog could not place would be served as the host.
         let from = match (listener, peer.ip()) {
-            (Listener::Bridge, IpAddr::V4(ip)) => self.manager.session_at(ip).ok().flatten(),
+            (Listener::Bridge, IpAddr::V4(ip)) => {
+                self.manager
+                    .session_at(ip)
+                    .map_err(|source| ProxyError::Lookup {
+                        who: format!("address {ip}"),
+                        source: Box::new(source),
+                    })?
+            }
             _ => None,
         };
         let lookup = |n: &str| {
-            self.manager
-                .get(n)
-                .map_err(|_| ProxyError::UnknownSession(n.to_owned()))
+            self.manager.get(n).map_err(|source| match source {
+                SessionError::NotFound(_) => ProxyError::UnknownSession(n.to_owned()),
+                source => ProxyError::Lookup {
+                    who: format!("name {n:?}"),
+                    source: Box::new(source),
+                },
+            })
         };
         let session = match (from, named) {
             (Some(f), Some(n)) => {
@@ -345,6 +436,9 @@ impl Coordinator {
         let inside = listener == Listener::Bridge
             && session.as_ref().and_then(|s| s.ip.clone()) == Some(peer.ip().to_string());
         let path = pq.split('?').next().unwrap_or("/").to_owned();
+        // Before anything is read or sent: only what the LLM APIs use goes
+        // upstream.
+        check_route(&parts.method, &path)?;
         let (style, asks_model) = Style::of(&parts.method, &path, &parts.headers);
         let base = self
             .upstreams
@@ -361,21 +455,51 @@ impl Coordinator {
         if declared.is_some_and(|n| n > MAX_REQUEST_BYTES as u64) {
             return Err(ProxyError::TooLarge);
         }
-        let body = Limited::new(body, MAX_REQUEST_BYTES)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    ProxyError::TooLarge
-                } else {
-                    ProxyError::Body(e.to_string())
-                }
-            })?
-            .to_bytes();
+        let who = match &session {
+            Some(s) => format!("session {}", s.name),
+            None => format!("address {}", peer.ip()),
+        };
+        let account = session
+            .as_ref()
+            .map_or_else(|| format!("address {}", peer.ip()), |s| s.id.clone());
+        // Held until the upstream's answer begins: by then the body was sent.
+        let mut charge = self.memory.open(account);
+        let over = |b: budget::OverBudget| ProxyError::OverBudget {
+            who: who.clone(),
+            held: b.held,
+            limit: b.limit,
+        };
+        if let Some(n) = declared {
+            charge.grow_to(n as usize).map_err(over)?;
+        }
+        let secs = self.limits.body_timeout.as_secs();
+        let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        let read = tokio::time::timeout(
+            self.limits.body_timeout,
+            read_body(body, &mut buf, &mut charge),
+        )
+        .await;
+        match read {
+            Ok(read) => read.map_err(|e| match e {
+                BodyError::Over(b) => over(b),
+                BodyError::TooLarge => ProxyError::TooLarge,
+                BodyError::Read(why) => ProxyError::Body(why),
+            })?,
+            Err(_) => {
+                return Err(ProxyError::SlowBody {
+                    secs,
+                    got: buf.len(),
+                })
+            }
+        }
+        let body = buf.freeze();
         let turn = asks_model
             .then_some(session)
             .flatten()
             .and_then(|s| self.turn_of(s, inside));
+        if let Some(s) = &turn {
+            self.journal_room(s)?;
+        }
 
         let mut up = Request::builder()
             .method(parts.method.clone())
@@ -442,7 +566,7 @@ impl Coordinator {
                     .map_err(|e| ProxyError::Body(format!("a logged answer: {e}")))?
                     .into_parts()
             }
-            None => match self.client.request(up).await {
+            None => match self.client.request(up).await.inspect(|_| drop(charge)) {
                 Ok(r) => {
                     let (parts, body) = r.into_parts();
                     (parts, body.map_err(std::io::Error::other).boxed())
@@ -674,6 +798,7 @@ impl Coordinator {
             sha: b.sha,
             seeking,
             answer: None,
+            kept: self.memory.open(s.id.clone()),
             broken: false,
             session: s,
             ending,
@@ -771,10 +896,23 @@ impl Coordinator {
             };
             p.record.response_bytes += data.len() as u64;
             if let Some((_, _, kept)) = &mut p.answer {
-                if kept.len() + data.len() > MAX_LOGGED_BYTES {
-                    p.answer = None;
-                } else {
+                let need = kept.len() + data.len();
+                // Charged before it is allocated, as a request's body is.
+                let room = need <= MAX_LOGGED_BYTES
+                    && (need <= kept.capacity() || {
+                        let cap = need.max(kept.capacity() * 2).min(MAX_LOGGED_BYTES);
+                        p.kept.grow_to(cap).is_ok() && {
+                            kept.reserve_exact(cap - kept.len());
+                            true
+                        }
+                    });
+                if room {
                     kept.extend_from_slice(&data);
+                } else {
+                    // Passed on, not logged: a fast-forward asks upstream.
+                    debug!(session = %p.session.name, "answer over {} bytes or the session's memory budget: not logged", MAX_LOGGED_BYTES);
+                    p.answer = None;
+                    p.kept = self.memory.open(p.session.id.clone());
                 }
             }
             let now = match &mut events {
@@ -916,7 +1054,11 @@ impl Coordinator {
                 .map(|x| x.files.map_or(0, |c| c.bytes) + x.process.map_or(0, |c| c.bytes));
         }
         let line = serde_json::to_string(&p.record).expect("API types serialize");
-        if let Err(e) = self.log.catalog().log_turn_record(&p.session.id, &line) {
+        if let Err(e) =
+            self.log
+                .catalog()
+                .log_turn_record(&p.session.id, &line, self.limits.records)
+        {
             warn!(session = %p.session.name, "journal: {e}");
         }
         self.manager.publish_coordinated(p.record);
@@ -956,6 +1098,68 @@ impl Coordinator {
             warn!(session = %p.session.name, "log the exchange: {e}");
             p.record.log = "none".into();
         }
+        match self.enforce_journal(&p.session.id) {
+            Ok(None) => {}
+            Ok(Some(o)) => warn!(
+                session = %p.session.name,
+                rows = o.rows,
+                bytes = o.bytes,
+                "the exchange log is over its budget with nothing left to prune: the next new model call is refused"
+            ),
+            Err(e) => warn!(session = %p.session.name, "hold the exchange log to its budget: {e}"),
+        }
+    }
+
+    /// Hold session `id`'s exchange log to its budget (replay.rs).
+    fn enforce_journal(
+        &self,
+        id: &str,
+    ) -> Result<Option<replay::Over>, drums_catalog::CatalogError> {
+        self.log
+            .enforce(id, self.limits.journal, || self.recoverable_floor(id))
+    }
+
+    /// The place in session `id`'s exchange log of the oldest version it can
+    /// still be taken back to (rolled back, recovered); nothing before it is
+    /// ever replayed. 0 when that cannot be told: nothing is pruned then.
+    fn recoverable_floor(&self, id: &str) -> u64 {
+        let Ok(versions) = self.manager.session_versions(id) else {
+            return 0;
+        };
+        let mut floor = u64::MAX;
+        for v in versions {
+            match self.log.catalog().exchange_of_version(id, &v.id) {
+                Ok(Some(seq)) => floor = floor.min(seq),
+                Ok(None) => {}
+                Err(_) => return 0,
+            }
+        }
+        floor
+    }
+
+    /// A new model call of session `s`: refused if its exchange log is over
+    /// its budget with nothing left to prune. A fast-forward is not refused:
+    /// it replaces rows rather than add them, and it is how the session
+    /// recovers.
+    fn journal_room(&self, s: &Session) -> Result<(), ProxyError> {
+        if !self.log.is_full(&s.id) || self.log.replaying(&s.id) {
+            return Ok(());
+        }
+        // Versions may have gone since (retention, `drums` by hand).
+        match self.enforce_journal(&s.id) {
+            Ok(None) => Ok(()),
+            Ok(Some(o)) => Err(ProxyError::JournalFull {
+                session: s.name.clone(),
+                rows: o.rows,
+                bytes: o.bytes,
+                max_rows: self.limits.journal.rows,
+                max_bytes: self.limits.journal.bytes,
+            }),
+            Err(e) => {
+                warn!(session = %s.name, "hold the exchange log to its budget: {e}");
+                Ok(())
+            }
+        }
     }
 }
 
@@ -970,6 +1174,76 @@ struct Begin {
     sha: String,
     started: Instant,
     started_at_ms: i64,
+}
+
+enum BodyError {
+    Over(budget::OverBudget),
+    TooLarge,
+    Read(String),
+}
+
+/// Read a request's body into `buf`, charging each byte to `charge` before
+/// it is allocated (so what the budget says is what drumsd holds).
+async fn read_body(
+    mut body: Incoming,
+    buf: &mut BytesMut,
+    charge: &mut budget::Charge,
+) -> Result<(), BodyError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let need = buf.len() + data.len();
+        if need > MAX_REQUEST_BYTES {
+            return Err(BodyError::TooLarge);
+        }
+        if need > buf.capacity() {
+            let cap = need.max(buf.capacity() * 2).min(MAX_REQUEST_BYTES);
+            charge.grow_to(cap).map_err(BodyError::Over)?;
+            buf.reserve(cap - buf.len());
+        } else {
+            charge.grow_to(need).map_err(BodyError::Over)?;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(())
+}
+
+/// Only what the LLM APIs use goes upstream: their methods, and paths under
+/// `/v1/` of plain segments. A `.` or `..` segment, or any percent-encoded
+/// octet (`%2e%2e`, `%2f`: no LLM API path needs one), is refused: the
+/// upstream, or a proxy in front of it, might resolve it to a path drums
+/// never meant to reach (an upstream with a path prefix, `/prefix/../admin`).
+fn check_route(method: &hyper::Method, path: &str) -> Result<(), ProxyError> {
+    use hyper::Method;
+    if ![Method::GET, Method::POST, Method::DELETE].contains(method) {
+        return Err(ProxyError::Method(method.clone()));
+    }
+    let bad = |why| ProxyError::BadPath {
+        path: path.to_owned(),
+        why,
+    };
+    if path.contains('%') {
+        return Err(bad("percent-encoded octets are not forwarded"));
+    }
+    let Some(rest) = path.strip_prefix("/v1/") else {
+        return Err(ProxyError::NotProxied(path.to_owned()));
+    };
+    for seg in rest.split('/') {
+        match seg {
+            "" => return Err(bad("an empty segment")),
+            "." | ".." => return Err(bad("a dot segment")),
+            _ if !seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~:@".contains(&b)) =>
+            {
+                return Err(bad("a character outside A-Z a-z 0-9 - . _ ~ : @"))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// `"stream": true` in a JSON request body.
@@ -1009,4 +1283,54 @@ async fn begin_turn(m: &Arc<Manager>, id: &str) -> Result<drums_api::TurnBegun, 
     tokio::task::spawn_blocking(move || m.turn_begin(&id))
         .await
         .expect("turn begin does not panic")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::Method;
+
+    #[test]
+    fn only_the_llm_apis_paths_and_methods_are_forwarded() {
+        for (m, p) in [
+            (Method::POST, "/v1/chat/completions"),
+            (Method::POST, "/v1/responses"),
+            (Method::GET, "/v1/responses/resp_123/input_items"),
+            (Method::DELETE, "/v1/responses/resp_123"),
+            (Method::POST, "/v1/messages"),
+            (Method::POST, "/v1/messages/count_tokens"),
+            (Method::GET, "/v1/models"),
+            (Method::GET, "/v1/models/ft:gpt-4o:org:x~1"),
+        ] {
+            assert!(check_route(&m, p).is_ok(), "{m} {p}");
+        }
+        let kind = |m: Method, p: &str| check_route(&m, p).unwrap_err().kind();
+        assert_eq!(kind(Method::PUT, "/v1/models"), "method_not_allowed");
+        assert_eq!(kind(Method::PATCH, "/v1/models"), "method_not_allowed");
+        assert_eq!(kind(Method::OPTIONS, "/v1/models"), "method_not_allowed");
+        assert_eq!(kind(Method::CONNECT, "/v1/models"), "method_not_allowed");
+        for p in ["/", "/v2/chat", "/admin", "/v1", "/v10/x"] {
+            assert_eq!(kind(Method::GET, p), "not_found", "{p}");
+        }
+        for p in [
+            "/v1/../admin",
+            "/v1/./models",
+            "/v1/models/..",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E%2E/admin",
+            "/v1/models%2f..%2fadmin",
+            "/v1/.%2e/admin",
+            "/v1//models",
+            "/v1/models/",
+            "/v1/a\\..\\b",
+            "/v1/a;b",
+        ] {
+            assert_eq!(kind(Method::GET, p), "bad_path", "{p}");
+        }
+        // 404 and 400 both: nothing is sent upstream.
+        assert_eq!(
+            check_route(&Method::GET, "/v1/../x").unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+    }
 }

@@ -23,6 +23,15 @@ pub struct Limits {
     pub reissue_output: u64,
     /// How soon the watch recovers one session again.
     pub backoff: Backoff,
+    /// Bytes of request bodies being read and answers being kept for the
+    /// exchange log, all of one session's connections together.
+    pub session_memory: usize,
+    /// How long a request's body may take to arrive, from its headers on.
+    pub body_timeout: Duration,
+    /// What one session's exchange log may hold.
+    pub journal: crate::JournalBudget,
+    /// Records of requests kept per session (the newest).
+    pub records: u64,
 }
 
 impl Default for Limits {
@@ -32,6 +41,13 @@ impl Default for Limits {
             reissue_total: Duration::from_secs(300),
             reissue_output: 16 << 20,
             backoff: Backoff::default(),
+            session_memory: crate::DEFAULT_SESSION_MEMORY,
+            body_timeout: crate::DEFAULT_BODY_TIMEOUT,
+            journal: crate::JournalBudget {
+                rows: crate::DEFAULT_JOURNAL_ROWS,
+                bytes: crate::DEFAULT_JOURNAL_BYTES,
+            },
+            records: crate::DEFAULT_JOURNAL_ROWS,
         }
     }
 }

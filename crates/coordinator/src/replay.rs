@@ -12,7 +12,7 @@
 //! agent diverged: the rest of the log forks off, and the request goes
 //! upstream.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use drums_catalog::{Catalog, CatalogError, Exchange};
@@ -57,6 +57,25 @@ struct Cursor {
 pub struct Log {
     catalog: Arc<Catalog>,
     cursors: Mutex<HashMap<String, Cursor>>,
+    /// Sessions whose log was still over its budget after pruning.
+    full: Mutex<HashSet<String>>,
+}
+
+/// What one session's exchange log may hold (drumsd's `--llm-journal-rows`
+/// and `--llm-journal-bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalBudget {
+    /// Rows, every branch counted.
+    pub rows: u64,
+    /// Bytes of answers' bodies and headers.
+    pub bytes: u64,
+}
+
+/// A log over its budget: what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Over {
+    pub rows: u64,
+    pub bytes: u64,
 }
 
 /// The hash a request is matched by.
@@ -75,6 +94,7 @@ impl Log {
         Log {
             catalog,
             cursors: Mutex::default(),
+            full: Mutex::default(),
         }
     }
 
@@ -173,6 +193,55 @@ impl Log {
     pub fn forget(&self, session: &str) {
         self.cursors().remove(session);
     }
+
+    fn full(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.full.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the session's log was over its budget when last measured.
+    pub fn is_full(&self, session: &str) -> bool {
+        self.full().contains(session)
+    }
+
+    /// Whether the session's next request is answered from the log (a
+    /// fast-forward, which replaces rows rather than add them).
+    pub fn replaying(&self, session: &str) -> bool {
+        self.cursors()
+            .get(session)
+            .is_some_and(|c| c.next < c.replay_end)
+    }
+
+    /// Hold the session's log to `budget`: if it is over, drop what no
+    /// fast-forward can reach any more, the exchanges before place
+    /// `floor()` (the place of the oldest version the session can still be
+    /// taken back to; never at or past a fast-forward under way). `Some`
+    /// if it is still over then.
+    pub fn enforce(
+        &self,
+        session: &str,
+        budget: JournalBudget,
+        floor: impl FnOnce() -> u64,
+    ) -> Result<Option<Over>, CatalogError> {
+        let (rows, bytes) = self.catalog.exchanges_size(session)?;
+        if rows <= budget.rows && bytes <= budget.bytes {
+            self.full().remove(session);
+            return Ok(None);
+        }
+        let mut floor = floor();
+        if let Some(c) = self.cursors().get(session) {
+            if c.next < c.replay_end {
+                floor = floor.min(c.next);
+            }
+        }
+        self.catalog.prune_exchanges(session, floor)?;
+        let (rows, bytes) = self.catalog.exchanges_size(session)?;
+        if rows <= budget.rows && bytes <= budget.bytes {
+            self.full().remove(session);
+            return Ok(None);
+        }
+        self.full().insert(session.to_owned());
+        Ok(Some(Over { rows, bytes }))
+    }
 }
 
 #[cfg(test)]
@@ -232,5 +301,49 @@ mod tests {
         // A version the log never saw leaves the agent live.
         assert_eq!(log.restored("s", "by-hand").unwrap(), None);
         assert!(matches!(log.meet("s", "r1").unwrap(), Met::Live { seq: 3 }));
+    }
+
+    #[test]
+    fn a_log_over_its_budget_keeps_what_recovery_needs_or_says_it_is_full() {
+        let log = Log::new(Arc::new(Catalog::in_memory().unwrap()));
+        for i in 0..6u64 {
+            let sha = format!("r{i}");
+            log.meet("s", &sha).unwrap();
+            let v = format!("v{i}");
+            log.keep("s", &answer(i, &sha, Some(&v)), false).unwrap();
+        }
+        let budget = JournalBudget {
+            rows: 3,
+            bytes: 1 << 20,
+        };
+        // Within budget: nothing is pruned, whatever the floor.
+        let roomy = JournalBudget {
+            rows: 6,
+            bytes: 1 << 20,
+        };
+        assert_eq!(log.enforce("s", roomy, || 100).unwrap(), None);
+        assert_eq!(log.catalog().exchanges_size("s").unwrap().0, 6);
+        // The oldest version left is v3: 0 to 2 go, the rest is replayable.
+        assert_eq!(log.enforce("s", budget, || 3).unwrap(), None);
+        assert!(!log.is_full("s"));
+        assert_eq!(log.catalog().exchange("s", 2).unwrap(), None);
+        assert_eq!(log.restored("s", "v3").unwrap(), Some(3));
+        assert!(matches!(
+            log.meet("s", "r3").unwrap(),
+            Met::Replayed { seq: 3, .. }
+        ));
+        // Mid fast-forward, nothing at or past its place goes, even if the
+        // versions say so: the log is full.
+        let tight = JournalBudget {
+            rows: 1,
+            bytes: 1 << 20,
+        };
+        let over = log.enforce("s", tight, || 100).unwrap();
+        assert_eq!(over.map(|o| o.rows), Some(2));
+        assert!(log.is_full("s") && log.replaying("s"));
+        assert!(matches!(
+            log.meet("s", "r4").unwrap(),
+            Met::Replayed { seq: 4, .. }
+        ));
     }
 }

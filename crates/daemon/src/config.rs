@@ -90,6 +90,28 @@ pub struct DaemonArgs {
     /// `off`.
     #[arg(long, default_value = "127.0.0.1:7080", value_name = "ADDR:PORT|off")]
     pub llm_proxy_local: String,
+    /// The most bytes of request bodies being read and answers being kept
+    /// for the exchange log that one session (or, without one, one address)
+    /// may hold in the LLM proxy at once, over all its connections: SIZE. A
+    /// request that would pass it is refused (429 `over_budget`); an answer
+    /// that would is passed on but not logged.
+    #[arg(long, default_value = "128M", value_parser = parse_budget_arg, value_name = "SIZE")]
+    pub llm_proxy_session_memory: u64,
+    /// Seconds a request's body may take to reach the LLM proxy after its
+    /// headers; a slower one is cut off (408 `too_slow`).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
+    pub llm_proxy_body_timeout: u64,
+    /// The most rows one session's exchange log (the LLM proxy's journal)
+    /// may hold. Past it, what no rollback or recovery can reach any more is
+    /// pruned; if that is not enough, the session's new model calls are
+    /// refused (429 `journal_full`). Also the number of request records kept
+    /// per session.
+    #[arg(long, default_value_t = drums_coordinator::DEFAULT_JOURNAL_ROWS, value_parser = clap::value_parser!(u64).range(1..), value_name = "N")]
+    pub llm_journal_rows: u64,
+    /// The most bytes (answers' bodies and headers) one session's exchange
+    /// log may hold: SIZE, as for --llm-journal-rows.
+    #[arg(long, default_value = "256M", value_parser = parse_budget_arg, value_name = "SIZE")]
+    pub llm_journal_bytes: u64,
     /// A name server for sessions with `--egress nat` (repeatable, IPv4):
     /// written to their /etc/resolv.conf, and the only private address they
     /// may reach, on port 53. Default: the IPv4 name servers of this host's
@@ -260,6 +282,13 @@ impl DaemonArgs {
                 first: Duration::from_secs(self.recovery_backoff),
                 max: Duration::from_secs(self.recovery_backoff_max),
             },
+            session_memory: usize::try_from(self.llm_proxy_session_memory).unwrap_or(usize::MAX),
+            body_timeout: Duration::from_secs(self.llm_proxy_body_timeout),
+            journal: drums_coordinator::JournalBudget {
+                rows: self.llm_journal_rows,
+                bytes: self.llm_journal_bytes,
+            },
+            records: self.llm_journal_rows,
         })
     }
 
@@ -361,6 +390,16 @@ fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     drums_api::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A budget: a size of at least 1 MiB (less would refuse every request an
+/// SDK makes).
+fn parse_budget_arg(s: &str) -> Result<u64, String> {
+    let n = parse_size_arg(s)?;
+    if n < 1 << 20 {
+        return Err(format!("{s:?} is below 1M"));
+    }
+    Ok(n)
 }
 
 /// The same bounds a request's limits are held to, checked when drumsd starts
@@ -488,6 +527,46 @@ mod tests {
         assert_eq!(got, ["tcp:8080", "udp:53"]);
         let e = Cli::try_parse_from(["drumsd", "--bridge-service", "tcp:0"]).unwrap_err();
         assert!(e.to_string().contains("invalid service \"tcp:0\""), "{e}");
+    }
+
+    #[test]
+    fn the_proxy_s_budgets_have_defaults_and_refuse_nonsense() {
+        let cli = Cli::try_parse_from(["drumsd"]).unwrap();
+        assert_eq!(
+            cli.daemon.coordinator_limits().unwrap(),
+            drums_coordinator::Limits::default()
+        );
+        let cli = Cli::try_parse_from([
+            "drumsd",
+            "--llm-proxy-session-memory",
+            "16M",
+            "--llm-proxy-body-timeout",
+            "5",
+            "--llm-journal-rows",
+            "100",
+            "--llm-journal-bytes",
+            "1G",
+        ])
+        .unwrap();
+        let l = cli.daemon.coordinator_limits().unwrap();
+        assert_eq!(l.session_memory, 16 << 20);
+        assert_eq!(l.body_timeout, Duration::from_secs(5));
+        assert_eq!(
+            (l.journal.rows, l.journal.bytes, l.records),
+            (100, 1 << 30, 100)
+        );
+        for bad in [
+            ["--llm-proxy-session-memory", "0"],
+            ["--llm-proxy-session-memory", "1K"],
+            ["--llm-proxy-body-timeout", "0"],
+            ["--llm-journal-rows", "0"],
+            ["--llm-journal-bytes", "lots"],
+        ] {
+            assert!(
+                Cli::try_parse_from(["drumsd", bad[0], bad[1]]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   `meta ibrname` (CONFIG_NFT_BRIDGE_META), so "a port of this bridge" can
 //!   only be said by name.
 //! * `inet drums-<bridge>` filters at the IP layer: input from the bridge is
-//!   dropped except replies and the `services` allow-list; forwarding from the
+//!   dropped except replies and the `services` allow-list on the bridge's own
+//!   address (the sessions' gateway; the same port on any other host address
+//!   is dropped like everything else); forwarding from the
 //!   bridge back to the bridge is dropped (no session reaches another through
 //!   the host's routing, whatever `ip_forward` says); forwarding from the bridge
 //!   elsewhere is allowed only from the `egress` sources and never to the
@@ -149,11 +151,12 @@ pub fn table_name(bridge: &str) -> String {
 }
 
 /// Installs (or atomically replaces) the firewall of `bridge`, which must
-/// exist, with `services` as the allow-list on the bridge address, and makes
+/// exist, with `services` as the allow-list on the bridge address `gateway`
+/// (and on no other address of the host), and makes
 /// the host ignore IPv6 router advertisements and redirects arriving on it.
 /// Ports listed by an earlier install are forgotten: a daemon calls this once
 /// at start, after its sweep.
-pub fn install(bridge: &str, services: &[Service]) -> Result<(), FirewallError> {
+pub fn install(bridge: &str, gateway: Ipv4Addr, services: &[Service]) -> Result<(), FirewallError> {
     ignore_ipv6_ra_and_redirects(bridge)?;
     let table = table_name(bridge);
     let mut cmds = Vec::new();
@@ -166,7 +169,7 @@ pub fn install(bridge: &str, services: &[Service]) -> Result<(), FirewallError> 
         cmds.push(json!({"add": t}));
     }
     cmds.extend(bridge_table(&table));
-    cmds.extend(inet_table(&table, bridge, services));
+    cmds.extend(inet_table(&table, bridge, gateway, services));
     Nft::new()?.run("install", &table, &json!({"nftables": cmds}))?;
     Ok(())
 }
@@ -454,7 +457,7 @@ fn bridge_table(table: &str) -> Vec<Value> {
     ]
 }
 
-fn inet_table(table: &str, bridge: &str, services: &[Service]) -> Vec<Value> {
+fn inet_table(table: &str, bridge: &str, gateway: Ipv4Addr, services: &[Service]) -> Vec<Value> {
     let chain = |name: &str, ty: &str, hook: &str, prio: i32| {
         json!({"add": {"chain": {"family": "inet", "table": table, "name": name,
             "type": ty, "hook": hook, "prio": prio, "policy": "accept"}}})
@@ -495,9 +498,15 @@ fn inet_table(table: &str, bridge: &str, services: &[Service]) -> Vec<Value> {
         chain("postrouting", "nat", "postrouting", 100),
         // Input: any host address, through the bridge.
         rule("input", json!([from_bridge, replies, {"accept": null}])),
+        // The services only on the gateway: drumsd binds its own to the
+        // bridge address, but another listener on the same port of another
+        // host address (`--llm-proxy-local 0.0.0.0:7080`, an operator's
+        // service) is not meant for sessions, and may trust what a session
+        // says (the local proxy trusts `x-drums-session`).
         rule(
             "input",
-            json!([from_bridge, {"match": {"op": "==", "right": "@services",
+            json!([from_bridge, ip("daddr", "==", &gateway.to_string()),
+                {"match": {"op": "==", "right": "@services",
                 "left": {"concat": [{"meta": {"key": "l4proto"}},
                     {"payload": {"protocol": "th", "field": "dport"}}]}}},
                 {"accept": null}]),
@@ -688,7 +697,7 @@ mod tests {
     /// sources and port 53.
     #[test]
     fn resolvers_are_allowed_before_the_private_ranges_are_refused() {
-        let cmds = inet_table("drums-x", "x", &[]);
+        let cmds = inet_table("drums-x", "x", Ipv4Addr::new(10, 0, 0, 1), &[]);
         let forward: Vec<String> = cmds
             .iter()
             .filter(|c| c["add"]["rule"]["chain"] == "forward")
@@ -702,6 +711,25 @@ mod tests {
         assert!(dns < private, "{forward:#?}");
         assert!(forward[dns].contains("@egress") && forward[dns].contains("53"));
         assert!(cmds.iter().any(|c| c["add"]["set"]["name"] == "resolvers"));
+    }
+
+    /// The allow-list is accepted on the gateway's address only.
+    #[test]
+    fn services_are_matched_on_the_gateway_only() {
+        let services = [Service {
+            proto: Proto::Tcp,
+            port: 7080,
+        }];
+        let cmds = inet_table("drums-x", "x", Ipv4Addr::new(10, 9, 0, 1), &services);
+        let rule = cmds
+            .iter()
+            .map(|c| c["add"]["rule"]["expr"].to_string())
+            .find(|e| e.contains("@services"))
+            .unwrap();
+        assert!(
+            rule.contains(r#""field":"daddr""#) && rule.contains("10.9.0.1"),
+            "{rule}"
+        );
     }
 
     #[test]

@@ -159,7 +159,7 @@ impl Net {
             .await
             .map_err(netlink("set up", name))?;
         // After the bridge exists: its per-interface IPv6 sysctls appear with it.
-        firewall::install(name, services)?;
+        firewall::install(name, gateway, services)?;
         Ok(index)
     }
 

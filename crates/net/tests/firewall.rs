@@ -159,6 +159,110 @@ fn a_session_reaches_only_the_served_ports_of_the_host() {
     fx.finish();
 }
 
+/// One more host address, on a veth pair of the host's own (this kernel has
+/// no dummy links), deleted when dropped, also when the test fails: another
+/// address of the host, on no bridge, that nothing outside the machine can
+/// reach.
+struct OtherAddress {
+    name: String,
+}
+
+impl OtherAddress {
+    fn add(net: &Net, rt: &tokio::runtime::Runtime, name: String, ip: Ipv4Addr) -> OtherAddress {
+        let peer = format!("{name}p");
+        rt.block_on(
+            net.handle()
+                .link()
+                .add(LinkVeth::new(&name, &peer).build())
+                .execute(),
+        )
+        .expect("add a veth pair");
+        let other = OtherAddress { name };
+        let index = rt
+            .block_on(get_link(net.handle(), &other.name))
+            .unwrap()
+            .expect("the veth")
+            .header
+            .index;
+        rt.block_on(
+            net.handle()
+                .address()
+                .add(index, std::net::IpAddr::V4(ip), 32)
+                .execute(),
+        )
+        .expect("an address on the veth");
+        rt.block_on(
+            net.handle()
+                .link()
+                .change(LinkUnspec::new_with_index(index).up().build())
+                .execute(),
+        )
+        .expect("set the veth up");
+        other
+    }
+}
+
+impl Drop for OtherAddress {
+    fn drop(&mut self) {
+        let rt = runtime();
+        let name = self.name.clone();
+        let deleted = rt.block_on(async move { Net::new().await?.delete_link(&name).await });
+        if let Err(e) = deleted {
+            eprintln!("delete veth {}: {e}", self.name);
+        }
+    }
+}
+
+/// The bridge services are served on the gateway only: a session that
+/// routes another host address through the gateway finds the same port
+/// there dropped (issue 23, item 7: a listener such as
+/// `--llm-proxy-local 0.0.0.0:7080` trusts what its callers say). Without
+/// the firewall the same probe connects, so it is the rule that stops it.
+#[test]
+fn a_service_port_on_another_host_address_is_not_reachable() {
+    let rt = runtime();
+    let mut fx = Fixture::new();
+    let net = rt.block_on(Net::new()).unwrap();
+    let gw = fx.gateway();
+    let services = [Service {
+        proto: Proto::Tcp,
+        port: SERVED,
+    }];
+    rt.block_on(net.ensure_bridge(&fx.bridge, gw, 24, &services))
+        .unwrap();
+    let other_ip = Ipv4Addr::new(198, 51, 100, fx.octet);
+    let other = OtherAddress::add(&net, &rt, format!("{}o", fx.prefix), other_ip);
+    let [(a, _), _] = two_sessions(&mut fx, &net, &rt);
+    // What a hostile session would do: send to the other address through
+    // its gateway, the host.
+    rt.block_on(in_netns(a, move |h| async move {
+        let eth0 = get_link(&h, "eth0").await?.expect("eth0").header.index;
+        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(other_ip, 32)
+            .gateway(gw)
+            .output_interface(eth0)
+            .build();
+        h.route()
+            .add(route)
+            .execute()
+            .await
+            .map_err(netlink_err("add route via host"))
+    }))
+    .expect("route via the host");
+    let on_gateway = TcpListener::bind((gw, SERVED)).unwrap();
+    let on_other = TcpListener::bind((other_ip, SERVED)).unwrap();
+
+    connect_from(a, (gw, SERVED).into(), OK).expect("the service on the gateway is reachable");
+    let e = connect_from(a, (other_ip, SERVED).into(), SHORT)
+        .expect_err("the service port on another host address was reached");
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+
+    firewall::remove(&fx.bridge).unwrap();
+    connect_from(a, (other_ip, SERVED).into(), OK).expect("reachable without the firewall");
+    drop((on_gateway, on_other, other));
+    fx.finish();
+}
+
 #[test]
 fn sessions_never_reach_each_other_even_with_ip_forward() {
     let _serial = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());

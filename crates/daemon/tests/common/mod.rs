@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 
+pub mod llm;
 pub mod oci;
 pub mod registry;
 
