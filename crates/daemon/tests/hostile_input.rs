@@ -21,28 +21,8 @@ use std::path::{Path, PathBuf};
 
 use common::oci::{self, ImageSpec, Layer};
 use common::registry::Registry;
-use common::{run, TestDaemon};
+use common::{fails, ok, run, TestDaemon};
 use drums_api::CreateSession;
-
-fn ok(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
-fn fails(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        !o.status.success(),
-        "{what}: succeeded but must not\nstdout: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).trim().to_owned()
-}
 
 fn drumsd_pid(d: &TestDaemon) -> u32 {
     d.child.as_ref().expect("running").id()

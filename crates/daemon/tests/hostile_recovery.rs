@@ -11,64 +11,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::llm::Mock;
 use common::TestDaemon;
 use drums_api::{CreateSession, EndTurn, Policy, TurnEffects};
 use hyper::Method;
-
-/// The mock upstream, killed when dropped.
-struct Mock {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mock {
-    fn start() -> Mock {
-        let dir = tempfile::tempdir().unwrap();
-        let port_file = dir.path().join("port");
-        let child = Command::new("python3")
-            .arg(proxy_dir().join("mock_llm.py"))
-            .arg(&port_file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let port = loop {
-            if let Ok(p) = std::fs::read_to_string(&port_file) {
-                if let Ok(p) = p.trim().parse() {
-                    break p;
-                }
-            }
-            assert!(Instant::now() < deadline, "the mock upstream did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        Mock {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn proxy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/proxy")
-}
 
 /// A model call of an agent outside session `s`, by header, tried again
 /// while the proxy cannot be reached or answers 5xx: the answer's text.

@@ -14,27 +14,7 @@ use std::path::{Path, PathBuf};
 
 use common::oci::{self, ImageSpec, Layer, Tamper};
 use common::registry::Registry;
-use common::{require_root, TestDaemon};
-
-fn ok(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
-fn fails(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        !o.status.success(),
-        "{what}: succeeded but must not\nstdout: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).trim().to_owned()
-}
+use common::{fails, ok, require_root, TestDaemon};
 
 fn oci_dir(d: &TestDaemon) -> PathBuf {
     d.state.path().join("store/oci")

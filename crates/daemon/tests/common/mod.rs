@@ -494,6 +494,29 @@ impl Drop for TestDaemon {
     }
 }
 
+/// A CLI call that must succeed: its stdout, trimmed; `what` names it in
+/// the failure, with both streams.
+pub fn ok(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// A CLI call that must fail: its stderr, trimmed.
+pub fn fails(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        !o.status.success(),
+        "{what}: succeeded but must not\nstdout: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).trim().to_owned()
+}
+
 /// A zombie has released its memory, files and namespaces; one whose parent
 /// is not the daemon waits for another process (the host's init) to reap it,
 /// so it is not the daemon's to leak. A zombie child of the daemon is a leak.
