@@ -505,7 +505,20 @@ async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
     );
     let (_, out, _) = d.sh("agent", &call(",'x-drums-session':'someone-else'"));
     assert!(out.starts_with("403 "), "{out}");
+    // An agent outside coordinates this session, so the session's own call
+    // was answered but is none of that agent's turns (docs/security.md, "A
+    // session cannot move an outside agent's commands"): the agent's next
+    // call is its turn 6, and the record after its 5th.
+    let (status, _) = raw(
+        at,
+        "POST",
+        "/s/agent/v1/chat/completions",
+        &json,
+        chat("m").as_bytes(),
+    );
+    assert_eq!(status, 200);
     let r = wait_records(&d, "agent", 7).await;
+    assert_eq!(r.len(), 7, "{r:#?}");
     assert_eq!(r[6].turn, Some(6), "{:#?}", r[6]);
     assert_eq!(r[6].session, "agent");
 
