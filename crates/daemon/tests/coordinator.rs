@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::llm::Mock;
+use common::llm::{model_call, Mock};
 use common::TestDaemon;
 use drums_api::{CoordinatedTurn, CoordinatedTurns, CreateSession, SessionVersions};
 use hyper::Method;
@@ -815,49 +815,6 @@ fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
     )
 }
 
-/// A model call of an agent outside session `s`, as an SDK makes it: tried
-/// again while the proxy cannot be reached or answers 5xx (drumsd
-/// restarting). The answer's text.
-fn model_call(at: SocketAddr, s: &str, text: &str) -> String {
-    let body = serde_json::json!({
-        "model": "with-delay-300",
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = (|| -> Option<(u16, String)> {
-            let mut c = TcpStream::connect(at).ok()?;
-            let head = format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\
-                 Content-Type: application/json\r\nx-drums-session: {s}\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            c.write_all(head.as_bytes()).ok()?;
-            c.write_all(body.as_bytes()).ok()?;
-            let mut out = Vec::new();
-            c.read_to_end(&mut out).ok()?;
-            let text = String::from_utf8_lossy(&out).into_owned();
-            let status = text.split(' ').nth(1)?.parse().ok()?;
-            Some((status, text.split_once("\r\n\r\n")?.1.to_owned()))
-        })();
-        match got {
-            Some((200, body)) => {
-                let v: Value =
-                    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-                return v["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
-            }
-            Some((status, body)) if status < 500 => panic!("{status}: {body}"),
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "the proxy never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// An agent outside its session, 20 turns of a model call (through the
 /// proxy, by header) and a command in the session (`drums exec`), with five
 /// failures: the session's processes killed twice and its memory exhausted
@@ -904,7 +861,8 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
                 .and_then(|(_, f)| *f);
             let at = d.proxy_local;
             let (name, text) = (s.to_owned(), format!("turn {t}"));
-            let call = tokio::task::spawn_blocking(move || model_call(at, &name, &text));
+            let call =
+                tokio::task::spawn_blocking(move || model_call(at, &name, "with-delay-300", &text));
             if let Some(Fault::Daemon) = fault {
                 // While the model thinks.
                 tokio::time::sleep(Duration::from_millis(100)).await;

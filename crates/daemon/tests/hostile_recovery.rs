@@ -9,58 +9,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::llm::Mock;
+use common::llm::{model_call, Mock};
 use common::TestDaemon;
 use drums_api::{CreateSession, EndTurn, Policy, TurnEffects};
 use hyper::Method;
 
-/// A model call of an agent outside session `s`, by header, tried again
-/// while the proxy cannot be reached or answers 5xx: the answer's text.
-fn model_call(at: SocketAddr, s: &str, text: &str) -> String {
-    let body = serde_json::json!({
-        "model": "with-delay-100",
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = (|| -> Option<(u16, String)> {
-            let mut c = TcpStream::connect(at).ok()?;
-            let head = format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\
-                 Content-Type: application/json\r\nx-drums-session: {s}\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            c.write_all(head.as_bytes()).ok()?;
-            c.write_all(body.as_bytes()).ok()?;
-            let mut out = Vec::new();
-            c.read_to_end(&mut out).ok()?;
-            let text = String::from_utf8_lossy(&out).into_owned();
-            let status = text.split(' ').nth(1)?.parse().ok()?;
-            Some((status, text.split_once("\r\n\r\n")?.1.to_owned()))
-        })();
-        match got {
-            Some((200, body)) => {
-                let v: serde_json::Value =
-                    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-                return v["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
-            }
-            Some((status, body)) if status < 500 => panic!("{status}: {body}"),
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "the proxy never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// The mock's model the outside agents call: it answers after 100 ms.
+const MODEL: &str = "with-delay-100";
 
 /// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`, free
 /// of the TestDaemon so it can run beside a failure.
@@ -173,7 +132,7 @@ async fn a_guest_that_hangs_its_reissue_holds_up_no_other_recovery() {
         .await
         .unwrap();
         // An agent outside: its first model call takes the base version.
-        assert_eq!(model_call(d.proxy_local, s, "go"), "echo: go");
+        assert_eq!(model_call(d.proxy_local, s, MODEL, "go"), "echo: go");
     }
     // Commands that behave now and turn hostile once run again: after
     // `at`, which the recovery's re-run comes after and the first run
@@ -340,7 +299,10 @@ async fn a_session_cannot_move_its_outside_agents_commands() {
         })
         .await
         .unwrap();
-    assert_eq!(model_call(d.proxy_local, "s", "turn 0"), "echo: turn 0");
+    assert_eq!(
+        model_call(d.proxy_local, "s", MODEL, "turn 0"),
+        "echo: turn 0"
+    );
     let (code, _, err) = d.sh("s", "mkdir -p /root/work && echo A >> /root/work/log");
     assert_eq!(code, 0, "{err}");
     // The session's own call, from a process that holds its connection.
