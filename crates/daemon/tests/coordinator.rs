@@ -12,11 +12,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::llm::{model_call, Mock};
-use common::TestDaemon;
+use common::{exec_in, TestDaemon};
 use drums_api::{CoordinatedTurn, CoordinatedTurns, CreateSession, SessionVersions};
 use hyper::Method;
 use serde_json::Value;
@@ -795,24 +795,6 @@ async fn an_agent_in_a_session_is_recovered_from_five_failures_and_ends_as_witho
         d.rm(s).await.unwrap();
     }
     d.stop_and_check_leaks();
-}
-
-/// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`: (exit
-/// code, stdout, stderr). Free of the TestDaemon, to run beside a failure.
-fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
-    let o = Command::new(common::bin_dir().join("drums"))
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--no-autostart")
-        .args(["exec", session, "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-    )
 }
 
 /// An agent outside its session, 20 turns of a model call (through the

@@ -9,35 +9,15 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::llm::{model_call, Mock};
-use common::TestDaemon;
+use common::{exec_in, TestDaemon};
 use drums_api::{CreateSession, EndTurn, Policy, TurnEffects};
 use hyper::Method;
 
 /// The mock's model the outside agents call: it answers after 100 ms.
 const MODEL: &str = "with-delay-100";
-
-/// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`, free
-/// of the TestDaemon so it can run beside a failure.
-fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
-    let o = Command::new(common::bin_dir().join("drums"))
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--no-autostart")
-        .args(["exec", session, "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-    )
-}
 
 async fn session(d: &TestDaemon, s: &str) -> drums_api::Session {
     d.client

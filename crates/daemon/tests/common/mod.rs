@@ -466,12 +466,7 @@ impl TestDaemon {
 
     /// Run a shell command in a session through the CLI: (exit code, stdout).
     pub fn sh(&self, session: &str, script: &str) -> (i32, String, String) {
-        let o = self.drums(&["exec", session, "--", "sh", "-c", script]);
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-            String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-        )
+        exec_in(self.state.path(), session, script)
     }
 }
 
@@ -515,6 +510,24 @@ pub fn fails(o: &std::process::Output, what: &str) -> String {
         String::from_utf8_lossy(&o.stdout)
     );
     String::from_utf8_lossy(&o.stderr).trim().to_owned()
+}
+
+/// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`: (exit
+/// code, stdout, stderr). Free of the TestDaemon, to run beside a failure.
+pub fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
+    let o = Command::new(bin_dir().join("drums"))
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--no-autostart")
+        .args(["exec", session, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+    )
 }
 
 /// A zombie has released its memory, files and namespaces; one whose parent
