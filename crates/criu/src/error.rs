@@ -92,6 +92,16 @@ pub enum CriuError {
         tail: String,
     },
 
+    /// CRIU was killed before it answered: what it worked on went away under
+    /// it, and it would have waited for it forever.
+    #[error("criu {op} stopped: {reason}; log {log}: {tail}", log = .log.display())]
+    Abandoned {
+        op: Op,
+        reason: String,
+        log: PathBuf,
+        tail: String,
+    },
+
     /// A notification callback returned an error, so CRIU was told to abort.
     #[error("criu {op} aborted: {script} notification failed: {reason}; log {log}: {tail}", log = .log.display())]
     Notify {

@@ -190,6 +190,7 @@ impl Criu {
             &request::version_request(),
             &[],
             &mut |_, _| Ok(()),
+            &|| None,
         )?;
         let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, Path::new(""))?;
         check_success(op, &resp, Path::new(""), &ex.stderr)?;
@@ -226,8 +227,31 @@ impl Criu {
         let images = open_dir(op, "open images dir", &o.images_dir)?;
         let log = o.images_dir.join(request::DUMP_LOG);
         let req = request::dump_request(o, images.as_raw_fd());
-        let ex = swrk::exchange(&self.bin, self.run_dir.as_deref(), op, &req, &[], on_notify)?;
+        // CRIU waits for each task it seized to stop. A root that is killed
+        // meanwhile never does: it waits in its exit for the tasks of its
+        // pid namespace, which CRIU holds as their tracer, and both wait
+        // forever (seen when a session's init was SIGKILLed mid-dump). The
+        // tree is going away, so there is nothing to dump: CRIU is killed,
+        // which lets the tasks go.
+        let root = o.pid;
+        let ex = swrk::exchange(
+            &self.bin,
+            self.run_dir.as_deref(),
+            op,
+            &req,
+            &[],
+            on_notify,
+            &|| exiting(root).then(|| format!("the dumped tree's root (pid {root}) began to exit")),
+        )?;
         drop(images);
+        if let Some(reason) = ex.abandoned {
+            return Err(CriuError::Abandoned {
+                op,
+                reason,
+                tail: tail_or_none(&log),
+                log,
+            });
+        }
         let resp = final_response(op, ex.resp, &ex.status, &ex.stderr, &log)?;
         if let Some((script, reason)) = ex.notify_failure {
             return Err(notify_error(op, script, reason, &log));
@@ -283,6 +307,7 @@ impl Criu {
             &req,
             &o.join_cgroups,
             on_notify,
+            &|| None,
         )?;
         drop((images, work));
 
@@ -320,6 +345,24 @@ impl Criu {
             }
         }
     }
+}
+
+/// Whether process `pid` is gone or on its way out: a zombie, or past the
+/// start of its exit (the kernel's PF_EXITING in /proc/PID/stat's flags).
+fn exiting(pid: i32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // After the command name, which may hold spaces and parentheses: state,
+    // then the flags seventh.
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next().unwrap_or("");
+    let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X") || flags & PF_EXITING != 0
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -478,4 +521,33 @@ fn parent_of(pid: i32) -> Option<i32> {
     // ')' are: state ppid ...
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_exiting_once_killed_and_while_a_zombie() {
+        // A command name with a space and a parenthesis, as /proc shows it.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exec -a 'a (b) c' sleep 60"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!exiting(pid), "a running sleep");
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        // Not reaped yet: a zombie.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !exiting(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "a killed sleep never read as exiting"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(exiting(pid), "a reaped pid is gone");
+    }
 }

@@ -29,6 +29,12 @@ use crate::request::notify_ack;
 /// restored root's host pid for setup-namespaces and post-restore, 0 otherwise).
 pub type NotifyFn<'a> = dyn FnMut(&str, i32) -> Result<(), String> + 'a;
 
+/// How often, while swrk works, `abandon` is asked whether to go on.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Asked while swrk works: `Some(why)` kills it.
+pub type AbandonFn<'a> = dyn Fn() -> Option<String> + 'a;
+
 /// At most this much of swrk's stderr is kept. CRIU logs to its log file once
 /// the request is parsed; stderr only matters for failures before that.
 const STDERR_KEEP: usize = 16 << 10;
@@ -43,6 +49,8 @@ pub(crate) struct Exchange {
     pub notified_pid: Option<i32>,
     /// Each notification and when its acknowledgement was sent.
     pub notifications: Vec<(String, Instant)>,
+    /// Why swrk was killed before its final response (`abandon` said so).
+    pub abandoned: Option<String>,
     pub status: ExitStatus,
     pub stderr: String,
 }
@@ -172,6 +180,42 @@ impl Swrk {
         self.sock.as_ref().map(|s| s.as_raw_fd()).unwrap_or(-1)
     }
 
+    /// Wait until a message (or EOF) is there to read, asking `abandon`
+    /// every [`WATCH_EVERY`]; if it says why, swrk is killed (its end of the
+    /// socket closes, so the next read sees EOF) and that is returned.
+    fn wait_readable(&self, op: Op, abandon: &AbandonFn<'_>) -> Result<Option<String>, CriuError> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::BorrowedFd;
+        let timeout = PollTimeout::try_from(WATCH_EVERY).expect("100 ms fits");
+        loop {
+            // SAFETY: the socket is ours and open for as long as `self` is.
+            let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
+            let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(0) => {}
+                Ok(_) => return Ok(None),
+                Err(Errno::EINTR) => continue,
+                Err(source) => {
+                    return Err(CriuError::Rpc {
+                        op,
+                        what: "poll",
+                        source,
+                    })
+                }
+            }
+            if let Some(why) = abandon() {
+                if let Some(c) = &self.child {
+                    // Our own unreaped child: its pid is not reused.
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(c.id() as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                return Ok(Some(why));
+            }
+        }
+    }
+
     fn send(&self, op: Op, req: &Criu_req) -> Result<(), CriuError> {
         let bytes = req
             .write_to_bytes()
@@ -274,7 +318,9 @@ impl Drop for Swrk {
 
 /// Run one request through a fresh `criu swrk`: move swrk into
 /// `join_cgroups`, send `req`, answer notifications through `on_notify`
-/// until the final response, then reap swrk.
+/// until the final response, then reap swrk. `abandon` is asked while
+/// swrk works; when it says why, swrk is killed and the exchange ends
+/// without a response.
 pub(crate) fn exchange(
     bin: &Path,
     run_dir: Option<&Path>,
@@ -282,6 +328,7 @@ pub(crate) fn exchange(
     req: &Criu_req,
     join_cgroups: &[PathBuf],
     on_notify: &mut NotifyFn<'_>,
+    abandon: &AbandonFn<'_>,
 ) -> Result<Exchange, CriuError> {
     let mut swrk = Swrk::spawn(op, bin, run_dir)?;
     // swrk only acts once it has the request, so joining the cgroups from here,
@@ -300,7 +347,11 @@ pub(crate) fn exchange(
     let mut notify_failure = None;
     let mut notified_pid = None;
     let mut notifications = Vec::new();
+    let mut abandoned = None;
     let resp = loop {
+        if abandoned.is_none() {
+            abandoned = swrk.wait_readable(op, abandon)?;
+        }
         let Some(resp) = swrk.recv(op)? else {
             break None;
         };
@@ -340,6 +391,7 @@ pub(crate) fn exchange(
         notify_failure,
         notified_pid,
         notifications,
+        abandoned,
         status,
         stderr,
     })

@@ -403,6 +403,8 @@ impl Manager {
             // already in the version.
             let again = match &result {
                 Err(_) if snap.is_some_and(|s| s.exists()) => None,
+                // The session's init is exiting: nothing is left to dump.
+                Err(drums_criu::CriuError::Abandoned { .. }) => None,
                 // CRIU cannot dump a netlink socket with unread messages. A
                 // browser's route-monitoring socket gets one whenever the
                 // session's network changes (an IPv6 address finishing its

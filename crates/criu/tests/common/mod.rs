@@ -139,6 +139,12 @@ impl Fixture {
     /// Start the test tree on `ov`: returns the host pid of its init (the
     /// pid-namespace init, a session leader, the root to dump).
     pub fn start_tree(&mut self, ov: &Overlay, ext: &Path) -> i32 {
+        self.start_tree_with(ov, ext, "")
+    }
+
+    /// [`Fixture::start_tree`], whose init first runs `prelude` (Python,
+    /// after its stdio moved to /dev/null): to fork children, say.
+    pub fn start_tree_with(&mut self, ov: &Overlay, ext: &Path, prelude: &str) -> i32 {
         // Stage 1 mirrors the drums session init: own /proc and /dev, the host
         // bind mount, pivot into the overlay and drop the old root, so the
         // mount namespace holds nothing CRIU cannot restore under a new root.
@@ -163,6 +169,7 @@ fd = os.open("/dev/null", os.O_RDWR)
 for i in range(3):
     os.dup2(fd, i)
 os.closerange(3, 65536)
+PRELUDE
 n = 0
 while True:
     n += 1
@@ -187,7 +194,7 @@ while True:
             ])
             .arg(&ov.merged)
             .arg(ext)
-            .arg(py)
+            .arg(py.replace("PRELUDE", prelude))
             .arg(&self.marker)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
