@@ -649,6 +649,40 @@ fn exhaust_memory(d: &TestDaemon, id: &str) {
     assert_eq!(o.status.code(), None, "the OOM killer ended it: {o:?}");
 }
 
+/// Wait until a process of session `id` runs `argv`: the command that
+/// starts it is under way then, however slow the host (a fixed sleep was
+/// not always long enough under load, and the failure then came before the
+/// command, not during it).
+async fn until_running(d: &TestDaemon, id: &str, argv: &[&str]) {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    let top = PathBuf::from(format!("/sys/fs/cgroup/memory/{}/{id}", d.cgroup_parent));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut dirs = vec![top.clone()];
+        let mut found = false;
+        while let Some(dir) = dirs.pop() {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            found |= procs
+                .lines()
+                .any(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want));
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(e.path());
+                }
+            }
+        }
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no process of session {id} runs {argv:?}:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Sessions "clean" (the run without failures) and "faulty", with little
 /// memory (256 MiB), so that the OOM killer can be made to kill in one.
 async fn two_runs(d: &TestDaemon) {
@@ -859,7 +893,7 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
             let run = tokio::task::spawn_blocking(move || exec_in(&state, &name, &script));
             match fault {
                 Some(Fault::Processes) => {
-                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    until_running(&d, &faulty.id, &["sleep", "3"]).await;
                     let now: drums_api::Session = d
                         .client
                         .json(Method::GET, "/v1/sessions/faulty", None::<&()>)
@@ -872,7 +906,7 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
                     .unwrap();
                 }
                 Some(Fault::Oom) => {
-                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    until_running(&d, &faulty.id, &["sleep", "3"]).await;
                     exhaust_memory(&d, &faulty.id);
                 }
                 _ => {}
@@ -915,7 +949,7 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
             "head -c 8 /dev/urandom | od -An -tx1; sleep 3; echo end",
         )
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_running(&d, &faulty.id, &["sleep", "3"]).await;
     let now: drums_api::Session = d
         .client
         .json(Method::GET, "/v1/sessions/faulty", None::<&()>)

@@ -99,7 +99,10 @@ impl TestDaemon {
             .tempdir()
             .unwrap();
         let d = TestDaemon {
-            client: Client::new(state.path().join("drumsd.sock")),
+            // Bounded as the CLI's calls are (CLI_CALL_LIMIT): a hung call
+            // fails its test instead of holding the run.
+            client: Client::new(state.path().join("drumsd.sock"))
+                .with_limits(Some(CLI_CALL_LIMIT), None),
             bridge: format!("drt{}x{}", std::process::id() % 100000, k),
             cgroup_parent: format!("drums-test-{}-{}", std::process::id(), k),
             state,
@@ -213,11 +216,12 @@ impl TestDaemon {
                     assert!(st.success(), "drumsd exited with {st}:\n{}", self.log());
                     break;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "drumsd did not stop:\n{}",
-                    self.log()
-                );
+                if Instant::now() > deadline {
+                    // Not left running after the test.
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!("drumsd did not stop within 60 s:\n{}", self.log());
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -454,14 +458,13 @@ impl TestDaemon {
 
     /// The drums CLI against this daemon.
     pub fn drums(&self, args: &[&str]) -> Output {
-        Command::new(bin_dir().join("drums"))
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .arg("--no-autostart")
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        bounded(
+            Command::new(bin_dir().join("drums"))
+                .arg("--state-dir")
+                .arg(self.state.path())
+                .arg("--no-autostart")
+                .args(args),
+        )
     }
 
     /// Run a shell command in a session through the CLI: (exit code, stdout).
@@ -474,13 +477,25 @@ impl Drop for TestDaemon {
     fn drop(&mut self) {
         // A failed test must not leak either: stop the daemon, which removes
         // everything it owns.
-        if let Some(c) = self.child.as_ref() {
+        if let Some(mut c) = self.child.take() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(c.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            if let Some(mut c) = self.child.take() {
-                let _ = c.wait();
+            // Bounded: a drumsd hung in its shutdown must not hold the whole
+            // run (the test fails anyway, and says where below).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while matches!(c.try_wait(), Ok(None)) {
+                if Instant::now() > deadline {
+                    eprintln!(
+                        "TestDaemon: drumsd did not stop within 60 s of SIGTERM; killed. Its log:\n{}",
+                        self.log()
+                    );
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
         // The binaries drumsd installed beside the state directory.
@@ -515,19 +530,67 @@ pub fn fails(o: &std::process::Output, what: &str) -> String {
 /// `drums exec SESSION -- sh -c SCRIPT` against the daemon at `state`: (exit
 /// code, stdout, stderr). Free of the TestDaemon, to run beside a failure.
 pub fn exec_in(state: &Path, session: &str, script: &str) -> (i32, String, String) {
-    let o = Command::new(bin_dir().join("drums"))
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--no-autostart")
-        .args(["exec", session, "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let o = bounded(
+        Command::new(bin_dir().join("drums"))
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--no-autostart")
+            .args(["exec", session, "--", "sh", "-c", script]),
+    );
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).trim().to_owned(),
         String::from_utf8_lossy(&o.stderr).trim().to_owned(),
     )
+}
+
+/// No CLI call of a test takes this long; one that does is hung, and fails
+/// the test with what it printed so far rather than hold the whole run
+/// until CI's own limit kills it without a word.
+const CLI_CALL_LIMIT: Duration = Duration::from_secs(300);
+
+/// `cmd`'s output, its stdin closed; killed, and the test failed, past
+/// [`CLI_CALL_LIMIT`].
+pub fn bounded(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    // Drained beside the wait: a full pipe would stall the child.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let deadline = Instant::now() + CLI_CALL_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} did not finish within {CLI_CALL_LIMIT:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.join().unwrap()),
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 /// A zombie has released its memory, files and namespaces; one whose parent
