@@ -583,7 +583,9 @@ pub struct EndTurn {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnCheckpoint {
     /// What the policy and the turn's class ask for: `none`, `files`,
-    /// `process` or `full`. The job may take more (a full version) when a
+    /// `process` or `full`; or `over_budget`: none, since the session's turn
+    /// ends took as many versions as drumsd's `--turn-versions-per-minute`
+    /// lets them (the next one taken is whole). The job may take more (a full version) when a
     /// pairing would not be valid; the version says what it took and why.
     pub decision: String,
     /// The job taking it; none when the decision is `none`.
@@ -726,8 +728,9 @@ pub struct CoordinatedTurn {
     /// The upstream's status, or the proxy's own when it answered itself.
     pub status: u16,
     pub stream: bool,
-    /// What the turn's end took: `none`, `files`, `process`, `full`; `first`
-    /// (nothing to end), `concurrent` (not a boundary), or `error` (the
+    /// What the turn's end took: `none`, `files`, `process`, `full`;
+    /// `over_budget` (none: the session's turn ends are past their budget of
+    /// versions); `first` (nothing to end), `concurrent` (not a boundary), or `error` (the
     /// turn could not be ended; see `error`).
     pub decision: String,
     /// The inspector's class of the turn this request ended (absent in

@@ -678,7 +678,7 @@ impl Coordinator {
         tokio::spawn(async move {
             // After the begin of the turn this ends.
             let _h = handover.lock_owned().await;
-            m.end_turn(
+            m.end_model_turn(
                 &id,
                 &EndTurn {
                     checkpoint: true,

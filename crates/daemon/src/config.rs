@@ -189,6 +189,11 @@ pub struct DaemonArgs {
     /// may ask for per minute; more are answered 429 with a Retry-After.
     #[arg(long, default_value_t = 6, value_name = "N")]
     pub self_rollbacks_per_minute: u32,
+    /// Versions one session's turn ends (its model calls through the proxy)
+    /// may take per minute; a turn end past it takes none, and the next
+    /// version taken is whole.
+    #[arg(long, default_value_t = 60, value_name = "N")]
+    pub turn_versions_per_minute: u32,
     /// Test-only: serve POST /v1/debug/faults.
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -257,6 +262,7 @@ impl DaemonArgs {
             allowed_registries: self.allowed_registries.clone(),
             image_layer_max: self.image_layer_max,
             ready_timeout: Duration::from_secs(self.ready_timeout),
+            turn_versions_per_minute: self.turn_versions_per_minute,
         })
     }
 }

@@ -4,7 +4,6 @@
 //! address.
 
 pub mod bounded;
-pub mod budget;
 pub mod config;
 pub mod error;
 mod images;

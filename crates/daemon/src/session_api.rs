@@ -53,9 +53,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-pub use crate::budget::Budget;
 use crate::error::ApiError;
 use crate::json::OptionalJsonBody;
+pub use drums_session::budget::Budget;
 
 /// How long a self rollback waits after its answer was handed to the
 /// connection before it starts: the answer travels to drumsd's caller (the

@@ -3,8 +3,8 @@
 //! recovery, never end or print forever cannot stop the recovery of
 //! another session, at a recovery by the watch or at drumsd's start, nor
 //! grow drumsd's memory; a session cannot move an outside agent's commands
-//! by making model calls of its own; and a session's self rollbacks have a
-//! budget. As root, with real CRIU, btrfs and a mock upstream
+//! by making model calls of its own; and a session's self rollbacks and the
+//! versions its turn ends take have budgets. As root, with real CRIU, btrfs and a mock upstream
 //! (tests/proxy/mock_llm.py); every test ends by proving nothing is left.
 
 mod common;
@@ -411,4 +411,102 @@ async fn a_session_has_a_budget_of_self_rollbacks() {
     assert_eq!(now.init_pid, rebuilt, "the refused rollback did nothing");
     d.rm("s").await.unwrap();
     d.stop_and_check_leaks();
+}
+
+/// A session's turn ends (one per model call through the proxy) take a
+/// version each; past `--turn-versions-per-minute` they take none, and say
+/// so in their record, and the next version taken is whole. A turn end the
+/// host asks for through the API is not held to the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_turn_ends_have_a_budget_of_versions() {
+    let mock = Mock::start();
+    let mut d = TestDaemon::start_with(&[
+        "--llm-upstream",
+        &format!("openai={}", mock.url()),
+        "--turn-versions-per-minute",
+        "2",
+    ]);
+    d.create(&CreateSession {
+        name: Some("s".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Each turn writes a file, so each turn end asks for a files version.
+    for t in 0..5 {
+        if t > 0 {
+            let (code, _, err) = d.sh("s", &format!("echo {t} > /root/f{t}"));
+            assert_eq!(code, 0, "{err}");
+        }
+        let text = format!("turn {t}");
+        assert_eq!(
+            model_call(d.proxy_local, "s", MODEL, &text),
+            format!("echo: {text}")
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let records = loop {
+        let t: drums_api::CoordinatedTurns = d
+            .client
+            .json(Method::GET, "/v1/sessions/s/coordinator", None::<&()>)
+            .await
+            .unwrap();
+        if t.turns.len() == 5 {
+            break t.turns;
+        }
+        assert!(Instant::now() < deadline, "{:#?}", t.turns);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let decisions: Vec<&str> = records.iter().map(|r| r.decision.as_str()).collect();
+    assert_eq!(
+        decisions,
+        ["base", "files", "files", "over_budget", "over_budget"],
+        "{records:#?}"
+    );
+    assert!(records[3].job.is_none() && records[4].job.is_none());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = versions(&d, "s").await;
+        if v.len() == 3 && v.iter().all(|v| v.state == "done") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The host's own turn end, after a turn that changed a file: taken,
+    // and whole (the two turns past the budget changed files that no
+    // version holds), where a files version would do otherwise.
+    let (code, _, err) = d.sh("s", "echo 5 > /root/f5");
+    assert_eq!(code, 0, "{err}");
+    let e: TurnEffects = d
+        .client
+        .json(
+            Method::POST,
+            "/v1/sessions/s/turn/end",
+            Some(&EndTurn {
+                checkpoint: true,
+                policy: Some(Policy::Selective),
+                wait: true,
+            }),
+        )
+        .await
+        .unwrap();
+    let v = e.checkpoint.and_then(|c| c.version).expect("a version");
+    assert_eq!(v.took, "full", "{v:#?}");
+    assert_eq!(versions(&d, "s").await.len(), 4);
+    d.rm("s").await.unwrap();
+    d.stop_and_check_leaks();
+}
+
+async fn versions(d: &TestDaemon, s: &str) -> Vec<drums_api::SessionVersion> {
+    let v: drums_api::SessionVersions = d
+        .client
+        .json(
+            Method::GET,
+            &format!("/v1/sessions/{s}/versions"),
+            None::<&()>,
+        )
+        .await
+        .unwrap();
+    v.versions
 }

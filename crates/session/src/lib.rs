@@ -13,6 +13,7 @@
 
 pub mod archive;
 pub mod audit;
+pub mod budget;
 mod busy;
 pub mod checkpoint;
 pub mod create;

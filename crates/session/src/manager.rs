@@ -63,6 +63,9 @@ pub struct ManagerConfig {
     /// The most one OCI layer may unpack to, and its blob may be.
     pub image_layer_max: u64,
     pub ready_timeout: Duration,
+    /// Versions a session's turn ends may take per minute (drumsd's
+    /// `--turn-versions-per-minute`).
+    pub turn_versions_per_minute: u32,
 }
 
 pub struct Manager {
@@ -105,6 +108,8 @@ pub struct Manager {
     /// Per version: a removal (`drums checkpoint rm`, retention) waits for
     /// the restores, rollbacks and recoveries reading it (see `busy`).
     pub(crate) busy_checkpoints: crate::busy::Locks,
+    /// Per session: the versions its turn ends took lately.
+    pub(crate) turn_versions: crate::budget::Budget,
 }
 
 /// An open request to a session's guest; see [`Manager::guest_stream`].
@@ -221,6 +226,7 @@ impl Manager {
         std::fs::create_dir_all(store_root.join("checkpoints"))
             .map_err(io("create", store_root.join("checkpoints")))?;
         let cfg_parent = cfg.cgroup_parent.clone();
+        let turn_versions = crate::budget::Budget::per_minute(cfg.turn_versions_per_minute);
         let m = Manager {
             images: ImageStore::new(cfg.images_dir.clone()),
             oci,
@@ -235,6 +241,7 @@ impl Manager {
             host: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             verified: Mutex::new(Default::default()),
             busy_checkpoints: Default::default(),
+            turn_versions,
             guest_streams: Default::default(),
             criu,
             inspector: drums_inspect::Inspector::new(crate::inspect::session_level(&cfg_parent)),

@@ -14,7 +14,7 @@ use drums_catalog::{ResourceKind, VersionRecord};
 use drums_checkpoint::{ArtifactCost, Manifest, Took, VersionInfo};
 use drums_engine::{Failure, Finished, Priority};
 use futures::future::BoxFuture;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::create::random_hex;
 use crate::manager::Manager;
@@ -262,6 +262,27 @@ impl Manager {
         id_or_name: &str,
         req: &drums_api::EndTurn,
     ) -> Result<TurnEffects, SessionError> {
+        self.end_turn_as(id_or_name, req, false).await
+    }
+
+    /// [`Manager::end_turn`] for a model call through the proxy: the
+    /// session's calls set the pace, so its versions are held to its budget
+    /// (`--turn-versions-per-minute`). A turn end asked for through the API
+    /// is the host's, and is not.
+    pub async fn end_model_turn(
+        self: &Arc<Self>,
+        id_or_name: &str,
+        req: &drums_api::EndTurn,
+    ) -> Result<TurnEffects, SessionError> {
+        self.end_turn_as(id_or_name, req, true).await
+    }
+
+    async fn end_turn_as(
+        self: &Arc<Self>,
+        id_or_name: &str,
+        req: &drums_api::EndTurn,
+        budgeted: bool,
+    ) -> Result<TurnEffects, SessionError> {
         // The inspector's maps are read on a blocking thread: many sessions
         // ending turns at once must not stall the runtime's workers.
         let (me, id) = (self.clone(), id_or_name.to_owned());
@@ -288,6 +309,26 @@ impl Manager {
             effects.checkpoint = Some(ck);
             return Ok(effects);
         };
+        // A session's turn ends come as fast as it makes model calls: past
+        // its budget a turn end takes no version, and what it changed goes
+        // into the next one, whole (a recovery meanwhile goes back to the
+        // version before and runs the turns since again).
+        let granted = match budgeted {
+            true => self.turn_versions.take(&rec.id, std::time::Instant::now()),
+            false => Ok(()),
+        };
+        if let Err(wait) = granted {
+            debug!(
+                session = %rec.name,
+                turn = effects.turn,
+                retry_in = ?wait,
+                "the session's turn ends are over their budget of versions (--turn-versions-per-minute): this one takes none"
+            );
+            self.set_position(&rec.id, |p| p.needs_full = true);
+            ck.decision = "over_budget".into();
+            effects.checkpoint = Some(ck);
+            return Ok(effects);
+        }
         let job = VersionJob {
             manager: Arc::downgrade(self),
             session_id: rec.id.clone(),

@@ -1,9 +1,10 @@
-//! Per-session budgets of costly things a session can ask drumsd for on its
+//! Per-session budgets of costly things a session can make drumsd do on its
 //! own (docs/security.md, "drumsd against hostile input"): at most `n` in
 //! any window of `window`, as a sliding log of when each was granted. A
-//! rollback replaces every process of a session and restores a version;
-//! one session asking for them back to back would keep drumsd's CRIU and
-//! store busy for everyone.
+//! self rollback restores a version with CRIU; a turn end (one per model
+//! call through the proxy) takes a version, a CRIU dump when processes
+//! changed. One session asking for them back to back would keep drumsd's
+//! CRIU and store busy for everyone.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
