@@ -183,8 +183,11 @@ impl Catalog {
 
     /// Log an answered request at its place in the live log (replacing what
     /// a replay of it finds there).
-    pub fn log_exchange(&self, id: &str, x: &Exchange) -> Result<()> {
+    /// Returns what the row adds to [`Catalog::exchanges_size`]'s bytes at
+    /// most (its headers are counted there in characters, here in bytes).
+    pub fn log_exchange(&self, id: &str, x: &Exchange) -> Result<u64> {
         let headers = serde_json::to_string(&x.headers).expect("strings serialize");
+        let size = (headers.len() + x.body.len()) as u64;
         self.conn()
             .execute(
                 "INSERT OR REPLACE INTO llm_exchanges
@@ -202,7 +205,7 @@ impl Catalog {
                 ],
             )
             .map_err(sql("log an exchange"))?;
-        Ok(())
+        Ok(size)
     }
 
     /// The live log's entry `seq` of session `id`.

@@ -116,9 +116,9 @@ pub struct Coordinator {
     replays: std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>,
     /// What one session may make the coordinator do (drumsd's flags).
     limits: Limits,
-    /// Sessions an agent outside coordinates (the journal's `outside`, as
-    /// this drumsd has seen it so far).
-    outside: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Per session: whether an agent outside coordinates it (the journal's
+    /// `outside`, read once; this drumsd is its only writer).
+    outside: std::sync::Mutex<std::collections::HashMap<String, bool>>,
     /// Bytes held per session (or address) of request and answer bodies.
     memory: budget::Budgets,
 }
@@ -626,45 +626,41 @@ impl Coordinator {
     /// (docs/security.md, "drumsd against hostile input").
     fn turn_of(&self, s: Session, inside: bool) -> Option<Session> {
         let catalog = self.log.catalog();
-        let known = |id: &str| {
-            self.outside
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(id)
-        };
+        let known = self.outside().get(&s.id).copied();
         if !inside {
-            if !known(&s.id) {
+            if known != Some(true) {
                 match catalog.coordinate_outside(&s.id) {
                     Ok(()) => {
-                        self.outside
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(s.id.clone());
+                        self.outside().insert(s.id.clone(), true);
                     }
                     Err(e) => warn!(session = %s.name, "journal: {e}"),
                 }
             }
             return Some(s);
         }
-        if known(&s.id) {
+        let outside = match known {
+            Some(o) => o,
+            None => match catalog.coordinated_outside(&s.id) {
+                Ok(o) => {
+                    self.outside().insert(s.id.clone(), o);
+                    o
+                }
+                // Unknown: not the session's to decide, so no turn.
+                Err(e) => {
+                    warn!(session = %s.name, "journal: {e}");
+                    return None;
+                }
+            },
+        };
+        if outside {
             debug!(session = %s.name, "a model call of the session itself, which an agent outside coordinates: forwarded, no turn");
             return None;
         }
-        match catalog.coordinated_outside(&s.id) {
-            Ok(false) => Some(s),
-            Ok(true) => {
-                self.outside
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(s.id.clone());
-                None
-            }
-            // Unknown: not the session's to decide, so no turn.
-            Err(e) => {
-                warn!(session = %s.name, "journal: {e}");
-                None
-            }
-        }
+        Some(s)
+    }
+
+    fn outside(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, bool>> {
+        self.outside.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A model call of session `s` arrives: what it is for the session's
@@ -1065,6 +1061,8 @@ impl Coordinator {
         if self.turns.prune_due() {
             let m = self.manager.clone();
             self.turns.prune(|id| m.get(id).is_ok());
+            self.log.prune(|id| m.get(id).is_ok());
+            self.outside().retain(|id, _| m.get(id).is_ok());
         }
     }
 

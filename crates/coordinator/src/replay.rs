@@ -59,6 +59,23 @@ pub struct Log {
     cursors: Mutex<HashMap<String, Cursor>>,
     /// Sessions whose log was still over its budget after pruning.
     full: Mutex<HashSet<String>>,
+    /// Per session: at least what its log holds (measured, plus what was
+    /// logged since), so that a log well within its budget is not measured
+    /// again at every model call.
+    bounds: Mutex<HashMap<String, Size>>,
+}
+
+/// Rows and bytes of a log, as [`Catalog::exchanges_size`] counts them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    rows: u64,
+    bytes: u64,
+}
+
+impl Size {
+    fn within(self, budget: JournalBudget) -> bool {
+        self.rows <= budget.rows && self.bytes <= budget.bytes
+    }
 }
 
 /// What one session's exchange log may hold (drumsd's `--llm-journal-rows`
@@ -95,6 +112,7 @@ impl Log {
             catalog,
             cursors: Mutex::default(),
             full: Mutex::default(),
+            bounds: Mutex::default(),
         }
     }
 
@@ -187,11 +205,37 @@ impl Log {
                 .filter(|old| old.request_sha == x.request_sha)
                 .and_then(|old| old.version);
         }
-        self.catalog.log_exchange(session, &x)
+        let added = self.catalog.log_exchange(session, &x)?;
+        // A replaced row is counted twice: still a bound.
+        if let Some(b) = self.bounds().get_mut(session) {
+            b.rows += 1;
+            b.bytes += added;
+        }
+        Ok(())
     }
 
     pub fn forget(&self, session: &str) {
         self.cursors().remove(session);
+        self.bounds().remove(session);
+    }
+
+    /// Drop what is kept of sessions that `alive` says are gone.
+    pub fn prune(&self, alive: impl Fn(&str) -> bool) {
+        self.cursors().retain(|id, _| alive(id));
+        self.bounds().retain(|id, _| alive(id));
+        self.full().retain(|id| alive(id));
+    }
+
+    fn bounds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Size>> {
+        self.bounds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What session `session`'s log holds, measured, and kept as its bound.
+    fn measure(&self, session: &str) -> Result<Size, CatalogError> {
+        let (rows, bytes) = self.catalog.exchanges_size(session)?;
+        let size = Size { rows, bytes };
+        self.bounds().insert(session.to_owned(), size);
+        Ok(size)
     }
 
     fn full(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -222,8 +266,12 @@ impl Log {
         budget: JournalBudget,
         floor: impl FnOnce() -> u64,
     ) -> Result<Option<Over>, CatalogError> {
-        let (rows, bytes) = self.catalog.exchanges_size(session)?;
-        if rows <= budget.rows && bytes <= budget.bytes {
+        let bound = self.bounds().get(session).copied();
+        if bound.is_some_and(|b| b.within(budget)) {
+            self.full().remove(session);
+            return Ok(None);
+        }
+        if self.measure(session)?.within(budget) {
             self.full().remove(session);
             return Ok(None);
         }
@@ -234,13 +282,16 @@ impl Log {
             }
         }
         self.catalog.prune_exchanges(session, floor)?;
-        let (rows, bytes) = self.catalog.exchanges_size(session)?;
-        if rows <= budget.rows && bytes <= budget.bytes {
+        let size = self.measure(session)?;
+        if size.within(budget) {
             self.full().remove(session);
             return Ok(None);
         }
         self.full().insert(session.to_owned());
-        Ok(Some(Over { rows, bytes }))
+        Ok(Some(Over {
+            rows: size.rows,
+            bytes: size.bytes,
+        }))
     }
 }
 
