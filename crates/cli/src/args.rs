@@ -473,7 +473,8 @@ pub enum BenchCommand {
     },
     /// OCI images against skopeo+umoci and podman, from a registry the
     /// bench starts on loopback (drums' default rootfs as the image): pull
-    /// and unpack, create to ready and exec, interleaved; the disk that 10
+    /// and unpack, import of an oci-archive of it (against podman load),
+    /// create to ready and exec, interleaved; the disk that 10
     /// images on one base take. Needs root, podman, runc, skopeo, umoci,
     /// docker-registry. JSON keys are in `crates/cli/src/bench/image.rs`.
     Image {

@@ -2,7 +2,8 @@
 //! for them, all fed by one docker-registry that the bench starts on
 //! loopback:
 //! 1. pull and unpack, cold: `drums pull` vs `skopeo copy` + `umoci unpack`
-//!    vs `podman pull`;
+//!    vs `podman pull`; and import of the same image as an oci-archive
+//!    (written once by `skopeo copy`): `drums image import` vs `podman load`;
 //! 2. create to ready from the pulled image: `drums create --image` vs
 //!    `podman run -d`, and `exec true` in each;
 //! 3. the disk that 10 images on one base take in each store.
@@ -103,6 +104,7 @@ pub async fn image(c: &Client, base: &Path, n: usize, as_json: bool) -> Result<i
 struct Report {
     base_layers: [Layer; 2],
     pull: Arms,
+    import: Arms,
     create: Arms,
     exec: Arms,
     /// A session's root, overlay against snapshot (root.rs).
@@ -377,6 +379,7 @@ async fn run(
     let reference = format!("{}/bench/base:v1", reg.addr());
 
     let pull = pull_rounds(t, &reference, work.path(), n, as_json, made).await?;
+    let import = import_rounds(t, &reference, work.path(), n, as_json, made).await?;
     let (create, exec) = create_rounds(t, &reference, n, as_json, made).await?;
     say("a session's root: overlay against snapshot ...".into());
     let chains =
@@ -403,6 +406,7 @@ async fn run(
     Ok(Report {
         base_layers: [images.rootfs, images.small],
         pull,
+        import,
         create,
         exec,
         root,
@@ -472,6 +476,95 @@ async fn pull_rounds(
         eprintln!();
     }
     Ok(arms)
+}
+
+/// Each arm cold every round: the image removed first, then imported from
+/// one oci-archive of it, which the registry's image was copied to once.
+async fn import_rounds(
+    t: &Tools,
+    reference: &str,
+    work: &Path,
+    n: usize,
+    as_json: bool,
+    made: &mut Made,
+) -> Result<Arms> {
+    let archive = work.join("image.oci.tar");
+    let copy = [
+        "--insecure-policy",
+        "copy",
+        "--quiet",
+        "--src-tls-verify=false",
+    ];
+    timed(
+        cmd("skopeo", copy)
+            .arg(format!("docker://{reference}"))
+            .arg(format!("oci-archive:{}:bench/import:v1", archive.display())),
+    )
+    .await?;
+    let file = archive.to_string_lossy().into_owned();
+    let mut arms = Arms::default();
+    let (mut drums_id, mut podman_name): (Option<String>, Option<String>) = (None, None);
+    for round in 0..=n {
+        for k in 0..2 {
+            if (round + k) % 2 == 0 {
+                if let Some(id) = drums_id.take() {
+                    timed(&mut t.drums(["image", "rm", &id])).await?;
+                    made.drums_images.remove(&id);
+                }
+                let (out, secs) = timed(&mut t.drums(["image", "import", &file])).await?;
+                let id = out.lines().last().unwrap_or_default().trim().to_owned();
+                ensure!(!id.is_empty(), "drums image import printed no image id");
+                made.drums_images.insert(id.clone());
+                drums_id = Some(id);
+                if round > 0 {
+                    arms.push("drums", secs);
+                }
+            } else {
+                if let Some(name) = podman_name.take() {
+                    timed(&mut cmd("podman", ["rmi", "-f", &name])).await?;
+                    made.podman_images.remove(&name);
+                }
+                let (out, secs) = timed(&mut cmd("podman", ["load", "-q", "-i", &file])).await?;
+                // "Loaded image: NAME", named from the archive's reference.
+                let name = out
+                    .lines()
+                    .last()
+                    .and_then(|l| l.split_once(": "))
+                    .map(|(_, n)| n.trim().to_owned())
+                    .filter(|n| !n.is_empty())
+                    .with_context(|| format!("podman load printed no image name: {out:?}"))?;
+                made.podman_images.insert(name.clone());
+                podman_name = Some(name);
+                if round > 0 {
+                    arms.push("podman", secs);
+                }
+            }
+        }
+        let what = if round == 0 { "warm-up" } else { "round" };
+        progress(as_json, format!("import: {what} {round}/{n} done"));
+    }
+    if !as_json {
+        eprintln!();
+    }
+    if let Some(id) = drums_id {
+        timed(&mut t.drums(["image", "rm", &id])).await?;
+        made.drums_images.remove(&id);
+    }
+    if let Some(name) = podman_name {
+        timed(&mut cmd("podman", ["rmi", "-f", &name])).await?;
+        made.podman_images.remove(&name);
+    }
+    remove_file(&archive)?;
+    Ok(arms)
+}
+
+fn remove_file(p: &Path) -> Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("remove {}", p.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn remove_tree(p: &Path) -> Result<()> {
@@ -696,6 +789,7 @@ impl Report {
             );
             out.insert("image.blob_bytes".into(), json!(rootfs.size + small.size));
             self.pull.json("pull", "drums", &mut out);
+            self.import.json("import", "drums", &mut out);
             self.create.json("create", "drums", &mut out);
             self.exec.json("exec", "drums", &mut out);
             self.root.json("root", "overlay.mount", &mut out);
@@ -755,6 +849,17 @@ impl Report {
             p.row("podman pull", "podman", Some("drums"), Unit::S),
         ];
         let head = format!("image pull+unpack ({n} rounds, interleaved)");
+        print!(
+            "{}",
+            table::render(&[&head, "p50", "p95", "vs drums"], &rows)
+        );
+        println!();
+        let i = &self.import;
+        let rows = vec![
+            i.row("drums image import", "drums", None, Unit::S),
+            i.row("podman load", "podman", Some("drums"), Unit::S),
+        ];
+        let head = format!("image import of an oci-archive ({n} rounds, interleaved)");
         print!(
             "{}",
             table::render(&[&head, "p50", "p95", "vs drums"], &rows)
