@@ -104,7 +104,10 @@ impl Remote {
     /// image), and its config; check both.
     pub async fn resolve(reference: &str, opts: &PullOptions) -> Result<Remote> {
         // oci-client is built without a provider of its own (no aws-lc to
-        // compile): ring, the one the coordinator's TLS already uses.
+        // compile): ring. rustls 0.23.48 deprecates it for lacking
+        // post-quantum key exchange, which only aws-lc has; a registry pull
+        // gives up no more than a browser of last year did.
+        #[allow(deprecated)]
         let _ = rustls::crypto::ring::default_provider().install_default();
         let parsed: Reference = reference.parse().map_err(|source| SourceError::Reference {
             reference: reference.to_owned(),
