@@ -379,7 +379,6 @@ async fn run(
     let reference = format!("{}/bench/base:v1", reg.addr());
 
     let pull = pull_rounds(t, &reference, work.path(), n, as_json, made).await?;
-    let import = import_rounds(t, &reference, work.path(), n, as_json, made).await?;
     let (create, exec) = create_rounds(t, &reference, n, as_json, made).await?;
     say("a session's root: overlay against snapshot ...".into());
     let chains =
@@ -393,12 +392,12 @@ async fn run(
         .await
         .context("the root rounds")??;
 
-    // Nothing of the bench's is left in either store while the disk is
-    // measured before.
-    timed(&mut t.drums(["image", "rm", &reference])).await?;
-    made.drums_images.remove(&reference);
-    timed(&mut cmd("podman", ["rmi", &reference])).await?;
-    made.podman_images.remove(&reference);
+    // Last of the rounds on the pulled image: an import of the same image
+    // would share its id (and its removal take the pulled one with it), so
+    // the import rounds start by removing it, and leave nothing.
+    // Nothing of the bench's is left in either store after them, so the
+    // disk phase measures from there.
+    let import = import_rounds(t, &reference, work.path(), n, as_json, made).await?;
     let refs: Vec<String> = (0..DISK_IMAGES)
         .map(|k| format!("{}/bench/disk:d{k}", reg.addr()))
         .collect();
@@ -480,6 +479,9 @@ async fn pull_rounds(
 
 /// Each arm cold every round: the image removed first, then imported from
 /// one oci-archive of it, which the registry's image was copied to once.
+/// The pulled image is removed from both stores first (the imported one is
+/// the same image, and its layers would be found there), and nothing
+/// imported is left.
 async fn import_rounds(
     t: &Tools,
     reference: &str,
@@ -501,6 +503,11 @@ async fn import_rounds(
             .arg(format!("oci-archive:{}:bench/import:v1", archive.display())),
     )
     .await?;
+    // Cold in both stores: neither may find the layers there already.
+    timed(&mut t.drums(["image", "rm", reference])).await?;
+    made.drums_images.remove(reference);
+    timed(&mut cmd("podman", ["rmi", reference])).await?;
+    made.podman_images.remove(reference);
     let file = archive.to_string_lossy().into_owned();
     let mut arms = Arms::default();
     let (mut drums_id, mut podman_name): (Option<String>, Option<String>) = (None, None);
