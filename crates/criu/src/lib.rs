@@ -529,11 +529,12 @@ mod tests {
 
     #[test]
     fn a_process_is_exiting_once_killed_and_while_a_zombie() {
-        // A command name with a space and a parenthesis, as /proc shows it.
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "exec -a 'a (b) c' sleep 60"])
-            .spawn()
-            .unwrap();
+        // A command name with a space and a parenthesis, as /proc shows it:
+        // the kernel takes it from the name of the file run.
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a (b) c");
+        std::os::unix::fs::symlink("/bin/sleep", &odd).unwrap();
+        let mut child = std::process::Command::new(&odd).arg("60").spawn().unwrap();
         let pid = child.id() as i32;
         std::thread::sleep(Duration::from_millis(50));
         assert!(!exiting(pid), "a running sleep");
