@@ -351,17 +351,12 @@ impl Criu {
 /// start of its exit (the kernel's PF_EXITING in /proc/PID/stat's flags).
 fn exiting(pid: i32) -> bool {
     const PF_EXITING: u64 = 0x4;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(fields) = stat_fields(pid) else {
         return true;
     };
-    // After the command name, which may hold spaces and parentheses: state,
-    // then the flags seventh.
-    let Some((_, rest)) = stat.rsplit_once(") ") else {
-        return false;
-    };
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next().unwrap_or("");
-    let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // state, ppid, pgrp, session, tty_nr, tpgid, flags.
+    let state = fields.first().map_or("", String::as_str);
+    let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
     matches!(state, "Z" | "X") || flags & PF_EXITING != 0
 }
 
@@ -516,11 +511,15 @@ fn reap_strays(join_cgroups: &[PathBuf]) {
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// The fields of /proc/PID/stat after the command name (which may hold
+/// spaces and parentheses, so it ends at the last ')'): state, ppid, ...
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The comm field may contain spaces and parentheses; fields after the last
-    // ')' are: state ppid ...
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    Some(rest.split_ascii_whitespace().map(str::to_owned).collect())
 }
 
 #[cfg(test)]
