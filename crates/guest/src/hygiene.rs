@@ -125,6 +125,11 @@ pub struct HygieneReport {
     pub acked: Vec<u32>,
     /// Registrations removed because they no longer name a live registrant.
     pub stale_removed: Vec<u32>,
+    /// Registrations the agent could not tie to their process (it may not
+    /// look at the process's open files), so it neither signalled nor
+    /// removed them: those processes were not reseeded.
+    #[serde(default)]
+    pub unverified: Vec<u32>,
     pub elapsed_us: u64,
 }
 
@@ -136,6 +141,11 @@ pub struct HygieneStatus {
     /// Pids with a registration file, valid or not (checked only when
     /// signalling).
     pub registered: Vec<u32>,
+    /// What the last `POST /v1/hygiene` did, since this agent started (a
+    /// restored agent starts from its checkpoint, which never holds one:
+    /// drumsd checkpoints before it restores).
+    #[serde(default)]
+    pub last: Option<HygieneReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +274,7 @@ pub fn status(config: &HygieneConfig) -> Result<HygieneStatus, HygieneError> {
     Ok(HygieneStatus {
         generation,
         registered: registered.into_iter().collect(),
+        last: LAST_REPORT.lock().unwrap_or_else(|p| p.into_inner()).clone(),
     })
 }
 
@@ -286,6 +297,9 @@ pub fn read_generation(path: &Path) -> Result<u64, HygieneError> {
 /// wait for the other's acks; drumsd sends one per restore, so a queue is
 /// simply the right behaviour.
 static APPLY_LOCK: Mutex<()> = Mutex::new(());
+
+/// The last report, for `GET /v1/hygiene` (and so `drums audit`).
+static LAST_REPORT: Mutex<Option<HygieneReport>> = Mutex::new(None);
 
 /// Applies a hygiene request: identity, generation, reseed. Blocking (file
 /// I/O and the wait for acks), so the handler runs it on the blocking pool.
@@ -322,6 +336,7 @@ pub fn apply(config: &HygieneConfig, req: &HygieneRequest) -> Result<HygieneRepo
         signalled: outcome.signalled,
         acked: outcome.acked,
         stale_removed: outcome.stale_removed,
+        unverified: outcome.unverified,
         elapsed_us: start.elapsed().as_micros().try_into().unwrap_or(u64::MAX),
     };
     tracing::info!(
@@ -330,9 +345,11 @@ pub fn apply(config: &HygieneConfig, req: &HygieneRequest) -> Result<HygieneRepo
         signalled = report.signalled.len(),
         acked = report.acked.len(),
         stale_removed = report.stale_removed.len(),
+        unverified = report.unverified.len(),
         elapsed_us = report.elapsed_us,
         "hygiene applied"
     );
+    *LAST_REPORT.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
     Ok(report)
 }
 
@@ -511,6 +528,7 @@ struct ReseedOutcome {
     signalled: Vec<u32>,
     acked: Vec<u32>,
     stale_removed: Vec<u32>,
+    unverified: Vec<u32>,
 }
 
 /// Lists the reseed directory: registered pids, and pids with an ack file.
@@ -567,6 +585,9 @@ enum Verdict {
     Signal(Signal),
     /// Remove it, for the reason given (logged).
     Stale(&'static str),
+    /// Neither signal nor remove it: the agent may not see whether the
+    /// process holds its file (reported, so a clone is never silent).
+    Unverified,
     /// Leave it alone: it disappeared while we looked (the registrant
     /// deregistered), or checking it failed for a reason that says nothing
     /// about it (the agent out of fds); removing a live registration would
@@ -629,9 +650,17 @@ fn check_registration(dir: &Path, pid: u32) -> Verdict {
     if meta.uid() != 0 && !proc.uids.contains(&meta.uid()) {
         return Verdict::Stale("file owner is not the process's user");
     }
-    match holds_open(pid, meta.dev(), meta.ino()) {
+    match holds_open_as(pid, meta.dev(), meta.ino(), &proc) {
         Ok(true) => Verdict::Signal(signal),
         Ok(false) => Verdict::Stale("process does not hold its registration open"),
+        // Refused is not "does not hold": reading that as stale deleted
+        // every registration of another user's process in a confined
+        // session (the agent has no CAP_SYS_PTRACE there), and those
+        // processes silently stayed clones.
+        Err(e) if is_refused(&e) => {
+            tracing::warn!(pid, "may not list the fds of a registered process: {e}");
+            Verdict::Unverified
+        }
         Err(e) => {
             tracing::warn!(pid, "failed to list the fds of a registered process: {e}");
             Verdict::Skip
@@ -639,11 +668,17 @@ fn check_registration(dir: &Path, pid: u32) -> Verdict {
     }
 }
 
+fn is_refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+}
+
 /// What the checks need from `/proc/PID/status`.
 struct ProcStatus {
     zombie: bool,
     /// Real, effective and saved uid.
     uids: [u32; 3],
+    /// Real, effective and saved gid.
+    gids: [u32; 3],
 }
 
 impl ProcStatus {
@@ -664,29 +699,81 @@ impl ProcStatus {
     }
 
     fn parse(text: &str) -> Option<Self> {
-        let mut zombie = None;
-        let mut uids = None;
+        let ids = |s: &str| -> Option<[u32; 3]> {
+            let ids: Vec<u32> = s.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+            Some([*ids.first()?, *ids.get(1)?, *ids.get(2)?])
+        };
+        let (mut zombie, mut uids, mut gids) = (None, None, None);
         for line in text.lines() {
             if let Some(state) = line.strip_prefix("State:") {
                 zombie = Some(matches!(state.trim_start().chars().next(), Some('Z' | 'X')));
-            } else if let Some(ids) = line.strip_prefix("Uid:") {
-                let ids: Vec<u32> = ids
-                    .split_whitespace()
-                    .filter_map(|s| s.parse().ok())
-                    .collect();
-                uids = Some([*ids.first()?, *ids.get(1)?, *ids.get(2)?]);
+            } else if let Some(s) = line.strip_prefix("Uid:") {
+                uids = Some(ids(s)?);
+            } else if let Some(s) = line.strip_prefix("Gid:") {
+                gids = Some(ids(s)?);
             }
         }
         Some(Self {
             zombie: zombie?,
             uids: uids?,
+            gids: gids?,
         })
+    }
+}
+
+/// [`holds_open`], looked at as the registrant itself where its ids allow.
+///
+/// Following another process's fd links takes ptrace read access to it
+/// (PTRACE_MODE_READ_FSCREDS). In a confined session the agent holds no
+/// CAP_SYS_PTRACE, so it passes that check only for processes whose real,
+/// effective and saved uids and gids all equal its fs ids. It therefore
+/// looks from a thread of its own whose fsuid and fsgid are the
+/// registrant's: fs ids are per thread, so nothing else in the agent changes
+/// and nothing needs restoring, and the thread can then see exactly what the
+/// registrant's own user could. A process whose ids are mixed (a setuid
+/// program) can only be looked at with the agent's own ids.
+fn holds_open_as(pid: u32, dev: u64, ino: u64, proc: &ProcStatus) -> io::Result<bool> {
+    let uniform = |ids: &[u32; 3]| ids.iter().all(|&i| i == ids[0]);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let agent_is_root = unsafe { libc::geteuid() } == 0;
+    if !agent_is_root || !uniform(&proc.uids) || !uniform(&proc.gids) {
+        return holds_open(pid, dev, ino);
+    }
+    let (uid, gid) = (proc.uids[0], proc.gids[0]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            set_fs_ids(uid, gid)?;
+            holds_open(pid, dev, ino)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the fd scan's thread panicked")))
+    })
+}
+
+/// Sets this thread's fsgid and fsuid, and checks they took: the syscalls
+/// report no error, only the previous id.
+fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // The gid first: a non-zero fsuid drops the capabilities that setting
+    // another fsgid may need.
+    // SAFETY: setfsgid/setfsuid take plain integers and change only this
+    // thread's credentials; called again with an invalid id (-1) they change
+    // nothing and return the current one.
+    let (g, u) = unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        (libc::setfsgid(u32::MAX), libc::setfsuid(u32::MAX))
+    };
+    if g as u32 == gid && u as u32 == uid {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EPERM))
     }
 }
 
 /// True if one of `pid`'s open fds is the file `(dev, ino)`. Compared by
 /// identity, not path: a registrant in another mount namespace would see
-/// another path, and a file replaced by rename has a new inode.
+/// another path, and a file replaced by rename has a new inode. An fd this
+/// thread may not follow fails the whole check (it could be the one).
 fn holds_open(pid: u32, dev: u64, ino: u64) -> io::Result<bool> {
     let entries = match fs::read_dir(format!("/proc/{pid}/fd")) {
         Ok(entries) => entries,
@@ -698,8 +785,11 @@ fn holds_open(pid: u32, dev: u64, ino: u64) -> io::Result<bool> {
         // An fd closed while we list is simply not the one.
         let Ok(entry) = entry else { continue };
         // metadata() of /proc/PID/fd/N follows the magic link to the file.
-        if fs::metadata(entry.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
-            return Ok(true);
+        match fs::metadata(entry.path()) {
+            Ok(m) if m.dev() == dev && m.ino() == ino => return Ok(true),
+            Err(e) if is_refused(&e) => return Err(e),
+            // Another file, or an fd closed while we list.
+            _ => {}
         }
     }
     Ok(false)
@@ -772,6 +862,10 @@ fn reseed(dir: &Path, generation: u64, timeout: Duration) -> Result<ReseedOutcom
         let signal = match check_registration(dir, pid) {
             Verdict::Signal(signal) => signal,
             Verdict::Skip => continue,
+            Verdict::Unverified => {
+                outcome.unverified.push(pid);
+                continue;
+            }
             Verdict::Stale(why) => {
                 tracing::info!(pid, "removing stale reseed registration: {why}");
                 if remove_quietly(&path) {
@@ -887,9 +981,13 @@ mod tests {
         assert!(!me.zombie);
         let uid = nix::unistd::getuid().as_raw();
         assert_eq!(me.uids[0], uid);
-        let zombie = ProcStatus::parse("Name:\tx\nState:\tZ (zombie)\nUid:\t1\t2\t3\t4\n").unwrap();
+        let zombie = ProcStatus::parse(
+            "Name:\tx\nState:\tZ (zombie)\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\n",
+        )
+        .unwrap();
         assert!(zombie.zombie);
         assert_eq!(zombie.uids, [1, 2, 3]);
+        assert_eq!(zombie.gids, [5, 6, 7]);
         assert!(ProcStatus::parse("State:\tR (running)\n").is_none());
         assert!(ProcStatus::read(i32::MAX as u32).unwrap().is_none());
     }

@@ -45,7 +45,10 @@ async fn hygiene_renames_the_sibling_inside_its_namespace() {
     assert_eq!(mode & 0o7777, 0o1777);
     let (status, body) = guest.json(Method::GET, "/v1/hygiene", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, json!({"generation": 0, "registered": []}));
+    assert_eq!(
+        body,
+        json!({"generation": 0, "registered": [], "last": null})
+    );
 
     let (status, body) = guest
         .json(
@@ -62,7 +65,7 @@ async fn hygiene_renames_the_sibling_inside_its_namespace() {
     assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
     assert_eq!(body["hostname"], "sib-1");
     assert_eq!(body["generation"], 1);
-    for list in ["signalled", "acked", "stale_removed"] {
+    for list in ["signalled", "acked", "stale_removed", "unverified"] {
         assert_eq!(body[list], json!([]), "{list}");
     }
     assert!(body["elapsed_us"].as_u64().is_some(), "{body}");
@@ -111,7 +114,9 @@ async fn hygiene_renames_the_sibling_inside_its_namespace() {
     );
     assert_eq!(guest.exec_stdout(&["hostname"]).await, "sib-2\n");
     let (_, body) = guest.json(Method::GET, "/v1/hygiene", None).await;
-    assert_eq!(body, json!({"generation": 2, "registered": []}));
+    assert_eq!(body["generation"], 2);
+    assert_eq!(body["registered"], json!([]));
+    assert_eq!(body["last"]["hostname"], "sib-2", "{body}");
 
     drop(guest);
     assert_eq!(
@@ -279,6 +284,91 @@ async fn reseed_gives_clones_different_random_streams() {
         .await;
     assert_eq!(body["signalled"], json!([]), "{body}");
     assert_eq!(names(&guest.reseed_dir()), Vec::<String>::new());
+}
+
+/// The agent of a confined session holds no CAP_SYS_PTRACE. It must still
+/// tie another user's registration to its process, and never take "may not
+/// look" for "does not hold its file": that deleted every registration of
+/// a desktop user's Python, and its siblings drew alike.
+#[tokio::test]
+async fn a_confined_agent_reseeds_another_users_process() {
+    let guest = SandboxedGuest::start_confined().await;
+    let caps = std::fs::read_to_string(format!("/proc/{}/status", guest.pid())).unwrap();
+    let bounding = caps
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(bounding & (1 << 19), 0, "the agent still holds CAP_SYS_PTRACE");
+    let lib = write_python_path(guest.dir.path());
+    std::fs::set_permissions(guest.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut p = Proc::spawn(
+        Command::new(python3())
+            .args(["-S", "-c", REGISTRANT])
+            .env("PYTHONPATH", &lib)
+            .env("DRUMS_RUN_DIR", &guest.run)
+            .uid(65534)
+            .gid(65534)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped()),
+    );
+    let pid = p.pid();
+    assert_eq!(p.line(), format!("ready {pid}\n"));
+    let (status, body) = guest
+        .json(
+            Method::POST,
+            "/v1/hygiene",
+            Some(json!({
+                "hostname": "sib-1",
+                "machine_id": MACHINE_ID,
+                "generation": 3,
+                "ack_timeout_ms": 5000,
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
+    assert_eq!(pids(&body["stale_removed"]), Vec::<u32>::new(), "{body}");
+    assert_eq!(pids(&body["signalled"]), vec![pid], "{body}");
+    assert_eq!(pids(&body["acked"]), vec![pid], "{body}");
+    let line = p.line();
+    let draw: f64 = line.split_whitespace().next().unwrap().parse().unwrap();
+    assert_ne!(draw, SEED_1_DRAW, "not reseeded: {line}");
+    // The outcome stays readable, for `drums audit`.
+    let (_, status) = guest.json(Method::GET, "/v1/hygiene", None).await;
+    assert_eq!(status["last"]["acked"], body["acked"], "{status}");
+}
+
+/// A registrant whose ids are mixed (a setuid program: real and effective
+/// uid differ) cannot be looked at without CAP_SYS_PTRACE. It is reported
+/// as unverified: neither signalled (it might be a recycled pid) nor
+/// removed (it might be live).
+#[tokio::test]
+async fn a_registration_the_agent_may_not_check_is_reported_not_removed() {
+    let guest = SandboxedGuest::start_confined().await;
+    let lib = write_python_path(guest.dir.path());
+    std::fs::set_permissions(guest.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = format!("import os\nos.setresgid(65534, 65534, 0)\nos.setresuid(65534, 65534, 0)\n{REGISTRANT}");
+    let mut p = Proc::python(&script, &lib, &guest.run);
+    let pid = p.pid();
+    assert_eq!(p.line(), format!("ready {pid}\n"));
+    let (status, body) = guest
+        .json(
+            Method::POST,
+            "/v1/hygiene",
+            Some(json!({
+                "hostname": "sib-1",
+                "machine_id": MACHINE_ID,
+                "generation": 4,
+                "ack_timeout_ms": 200,
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
+    assert_eq!(pids(&body["unverified"]), vec![pid], "{body}");
+    assert_eq!(pids(&body["signalled"]), Vec::<u32>::new(), "{body}");
+    assert_eq!(pids(&body["stale_removed"]), Vec::<u32>::new(), "{body}");
+    assert!(guest.reseed_dir().join(pid.to_string()).exists());
+    assert!(p.is_running());
 }
 
 #[tokio::test]

@@ -331,6 +331,12 @@ impl Manager {
             });
         }
 
+        let (ra_pid, rb_pid) = (ra.init_pid.unwrap_or(0), rb.init_pid.unwrap_or(0));
+        clone.extend(reseed_checks(
+            &reseed_report(ra_pid).await,
+            &reseed_report(rb_pid).await,
+        ));
+
         let identical_by_design = vec![
             "address-space layout of restored processes (CRIU restores mappings where they were)"
                 .to_owned(),
@@ -352,6 +358,102 @@ impl Manager {
             identical_by_design,
         })
     }
+}
+
+/// What the guest's `GET /v1/hygiene` says of the last reseed (mirrors
+/// `drums_guest::hygiene::HygieneReport`'s lists; unknown fields ignored).
+#[derive(Debug, Default, Clone, serde::Deserialize)]
+struct ReseedReport {
+    signalled: BTreeSet<u32>,
+    acked: BTreeSet<u32>,
+    stale_removed: BTreeSet<u32>,
+    #[serde(default)]
+    unverified: BTreeSet<u32>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct HygieneStatus {
+    generation: u64,
+    last: Option<ReseedReport>,
+}
+
+/// The session's last reseed: `Ok(None)` if it was never restored, `Err`
+/// with why if its agent does not say.
+async fn reseed_report(pid: i32) -> Result<Option<ReseedReport>, String> {
+    let status: HygieneStatus = guest_client(pid)
+        .json(hyper::Method::GET, "/v1/hygiene", None::<&()>)
+        .await
+        .map_err(|e| format!("its agent did not answer: {}", crate::error_chain(&e)))?;
+    match (status.generation, status.last) {
+        (0, _) => Ok(None),
+        (_, Some(r)) => Ok(Some(r)),
+        (_, None) => Err("restored, but its agent has no reseed report".into()),
+    }
+}
+
+/// One check per process registered for a reseed in either session: what
+/// the reseed after its restore did to it. Only an ack says the process
+/// has its own RNG state now; a registration found stale names a process
+/// that is gone. A process signalled without an ack, or one the agent could
+/// not tie to its registration (so did not signal), may still draw as its
+/// sibling does.
+fn reseed_checks(
+    a: &Result<Option<ReseedReport>, String>,
+    b: &Result<Option<ReseedReport>, String>,
+) -> Vec<AuditCheck> {
+    let outcome = |r: &Result<Option<ReseedReport>, String>, pid: u32| -> (String, bool) {
+        match r {
+            Err(why) => (why.clone(), false),
+            Ok(None) => ("never restored".into(), true),
+            Ok(Some(r)) if r.acked.contains(&pid) => ("acked".into(), true),
+            Ok(Some(r)) if r.signalled.contains(&pid) => ("signalled, no ack".into(), false),
+            Ok(Some(r)) if r.stale_removed.contains(&pid) => ("stale, removed".into(), true),
+            Ok(Some(r)) if r.unverified.contains(&pid) => {
+                ("unverified, not signalled".into(), false)
+            }
+            Ok(Some(_)) => ("not registered".into(), true),
+        }
+    };
+    let pids = |r: &Result<Option<ReseedReport>, String>| -> BTreeSet<u32> {
+        match r {
+            Ok(Some(r)) => r
+                .signalled
+                .iter()
+                .chain(&r.stale_removed)
+                .chain(&r.unverified)
+                .copied()
+                .collect(),
+            _ => BTreeSet::new(),
+        }
+    };
+    let mut out = Vec::new();
+    for pid in pids(a).union(&pids(b)) {
+        let ((x, xok), (y, yok)) = (outcome(a, *pid), outcome(b, *pid));
+        out.push(AuditCheck {
+            what: format!("reseed of pid {pid}"),
+            ok: xok && yok,
+            note: if xok && yok {
+                "reseeded, or gone".into()
+            } else {
+                "not reseeded: its RNG may draw as its sibling's does".into()
+            },
+            a: x,
+            b: y,
+        });
+    }
+    // A session whose agent does not answer says nothing per process.
+    for (r, which) in [(a, "A"), (b, "B")] {
+        if let Err(why) = r {
+            out.push(AuditCheck {
+                what: format!("reseed report of {which}"),
+                a: if which == "A" { why.clone() } else { String::new() },
+                b: if which == "B" { why.clone() } else { String::new() },
+                ok: false,
+                note: "the reseed's outcome is unknown".into(),
+            });
+        }
+    }
+    out
 }
 
 impl Manager {
@@ -383,6 +485,34 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_registered_process_has_its_reseed_outcome() {
+        let r = |signalled: &[u32], acked: &[u32], stale: &[u32], unverified: &[u32]| {
+            Ok(Some(ReseedReport {
+                signalled: signalled.iter().copied().collect(),
+                acked: acked.iter().copied().collect(),
+                stale_removed: stale.iter().copied().collect(),
+                unverified: unverified.iter().copied().collect(),
+            }))
+        };
+        let a = r(&[5, 6], &[5], &[7], &[]);
+        let b = r(&[5], &[5], &[], &[6]);
+        let checks = reseed_checks(&a, &b);
+        let row = |pid: u32| checks.iter().find(|c| c.what == format!("reseed of pid {pid}")).unwrap();
+        assert!(row(5).ok);
+        assert_eq!((row(5).a.as_str(), row(5).b.as_str()), ("acked", "acked"));
+        assert!(!row(6).ok);
+        assert_eq!(row(6).a, "signalled, no ack");
+        assert_eq!(row(6).b, "unverified, not signalled");
+        assert!(row(7).ok, "a stale registration names a process that is gone");
+        assert_eq!(checks.len(), 3);
+        // Two cold sessions: nothing to say. An agent that does not say: a failed check.
+        assert!(reseed_checks(&Ok(None), &Ok(None)).is_empty());
+        let unknown = reseed_checks(&Err("no answer".into()), &Ok(None));
+        assert_eq!(unknown.len(), 1);
+        assert!(!unknown[0].ok);
+    }
 
     #[test]
     fn shared_objects_and_own_namespaces_are_found() {

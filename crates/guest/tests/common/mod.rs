@@ -40,6 +40,17 @@ pub struct SandboxedGuest {
 
 impl SandboxedGuest {
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// The agent as a confined session runs it: root, but without
+    /// CAP_SYS_PTRACE (drums-init's capability set), so it may not look at
+    /// other users' processes' open files as host root may.
+    pub async fn start_confined() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(confined: bool) -> Self {
         assert!(
             nix::unistd::geteuid().is_root(),
             "the hygiene tests need root (unshare, sethostname, signalling other processes)"
@@ -55,9 +66,14 @@ impl SandboxedGuest {
         let log = std::fs::File::create(dir.path().join("guest.log")).unwrap();
         // No --fork: unshare execs the agent, so the child's pid is the
         // agent's and killing it leaves nothing in the namespace.
-        let child = Command::new("unshare")
-            .arg("--uts")
-            .arg("--")
+        // setpriv (util-linux) execs too: dropped from the bounding set
+        // before the exec, the capability is in none of the agent's sets.
+        let mut cmd = Command::new("unshare");
+        cmd.arg("--uts").arg("--");
+        if confined {
+            cmd.args(["setpriv", "--bounding-set=-sys_ptrace", "--"]);
+        }
+        let child = cmd
             .arg(env!("CARGO_BIN_EXE_drums-guest"))
             .arg(format!("--listen=unix:{}", sock.display()))
             .arg(format!("--etc-dir={}", etc.display()))
