@@ -23,6 +23,7 @@ use nix::unistd::Pid;
 use rust_criu::rust_criu_protobuf::rpc::{Criu_req_type, Criu_resp};
 
 mod error;
+pub mod fsnotify;
 pub mod request;
 mod swrk;
 pub mod userns_image;

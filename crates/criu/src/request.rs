@@ -20,8 +20,6 @@ pub const DUMP_LOG: &str = "dump.log";
 pub const RESTORE_LOG: &str = "restore.log";
 /// Largest unlinked-but-open ("ghost") file CRIU copies into the image.
 pub const GHOST_LIMIT: u32 = 64 << 20;
-/// Where CRIU looks for the paths of inotify/fanotify watches by inode.
-pub const IRMAP_SCAN_PATHS: &[&str] = &["/usr/share/zoneinfo"];
 /// CRIU log level 4 (debug): a failed dump or restore is explained only by the
 /// lines before the error, and the cost (a few MiB per desktop dump) is small.
 pub const LOG_LEVEL: i32 = 4;
@@ -60,11 +58,13 @@ pub(crate) fn dump_request(o: &DumpOpts, images_dir_fd: RawFd) -> Criu_req {
     // "Some file locks are hold by dumping tasks!": Chromium and dbus hold
     // flock/posix locks; without this CRIU refuses to dump them.
     c.set_file_locks(true);
-    // "fsnotify: Handle ... cannot be opened" (intermittent): Chromium watches
-    // /usr/share/zoneinfo/Etc, and file handles on overlayfs cannot be opened
-    // by handle, so CRIU must find watched inodes by scanning paths instead.
+    // "fsnotify: Handle ... cannot be opened": file handles on overlayfs
+    // cannot be opened, so without this CRIU dumps a watch on the session's
+    // root without a path, and its restore fails. With it CRIU looks the
+    // inode up in its irmap: the cache the caller wrote (crate::fsnotify)
+    // holds every watch's path, so no scan path is given, and CRIU scans
+    // its own few hints only for a watch the cache does not have.
     c.set_force_irmap(true);
-    c.irmap_scan_paths = IRMAP_SCAN_PATHS.iter().map(|s| s.to_string()).collect();
     // NFTABLES costs ~12 ms inside the frozen window (CRIU creates and deletes
     // its own table even without a netns of the tree); only worth it when TCP
     // connections must not see packets while frozen. SKIP otherwise.
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(c.ghost_limit(), 64 * 1024 * 1024);
         assert!(c.file_locks());
         assert!(c.force_irmap());
-        assert_eq!(c.irmap_scan_paths, vec!["/usr/share/zoneinfo".to_string()]);
+        assert!(c.irmap_scan_paths.is_empty());
         assert_eq!(c.network_lock(), Criu_network_lock_method::SKIP);
         assert!(!c.has_tcp_established());
         assert!(c.tcp_close());

@@ -57,6 +57,11 @@ struct DumpReport {
 }
 
 /// Whether a process that was in the session before a dump is gone after it.
+/// The (device, inode) pairs `marks` watch.
+fn watched_inodes(marks: &[drums_criu::fsnotify::Mark]) -> std::collections::BTreeSet<(u32, u64)> {
+    marks.iter().map(|m| (m.s_dev, m.ino)).collect()
+}
+
 fn vanished(before: &[i32], cgroup: &drums_cgroup::Cgroup) -> bool {
     match cgroup.pids() {
         Ok(after) => before.iter().any(|p| !after.contains(p)),
@@ -357,11 +362,25 @@ impl Manager {
             tcp_established: false,
         };
         let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        // The root's layers, where watched inodes are looked up.
+        let layers = vec![upper.join("upper"), self.resolve_image(&rec.image)?.rootfs];
         let started = Instant::now();
         let mut attempt = 1;
         let mut retried_exit = false;
         let (report, held) = loop {
             let before = cg.pids().unwrap_or_default();
+            // Every watch's path, for CRIU (crate::watches). Read before the
+            // freeze, so a watch added meanwhile is not in it: see below.
+            let marks = drums_criu::fsnotify::marks(&before);
+            let watched = watched_inodes(&marks);
+            let (session, layers_, images_) = (rec.name.clone(), layers.clone(), images.to_owned());
+            tokio::task::spawn_blocking(move || {
+                let entries = crate::watches::irmap_entries(&session, pid, &marks, &layers_)?;
+                drums_criu::fsnotify::write_irmap_cache(&images_, &entries)?;
+                Ok::<_, SessionError>(())
+            })
+            .await
+            .expect("no panic")?;
             let (criu, opts) = (self.criu.clone(), opts.clone());
             let (upper, target, snapshot_fault) = (
                 upper.clone(),
@@ -427,6 +446,19 @@ impl Manager {
                 Err(_) if !retried_exit && vanished(&before, &cg) => {
                     retried_exit = true;
                     Some("a process of the session exited during the dump")
+                }
+                // A watch added after the paths were read has none in the
+                // cache, and CRIU cannot find one: read them again.
+                Err(_)
+                    if attempt < DUMP_ATTEMPTS
+                        && watched_inodes(&drums_criu::fsnotify::marks(
+                            &cg.pids().unwrap_or_default(),
+                        ))
+                        .difference(&watched)
+                        .next()
+                        .is_some() =>
+                {
+                    Some("a process of the session added a file watch during the dump")
                 }
                 _ => None,
             };

@@ -86,9 +86,15 @@ pub fn mount_root(
             source: e.into(),
         })
     };
+    // xino=on: the image and the store are different file systems, and
+    // without it a file of the image shows `stat` its lower layer's device
+    // while the kernel's own view of the inode (what an inotify watch
+    // reports, and what CRIU matches a watch's path against) has the
+    // overlay's: no watched image file could be checkpointed. With it every
+    // file has the overlay's device and one inode number everywhere.
     let Some(base) = base else {
         return mount(format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={},xino=on",
             lower.display(),
             sv.join("upper").display(),
             sv.join("work").display()
@@ -100,7 +106,7 @@ pub fn mount_root(
     let store = idmap::idmapped_tree(sv, store_ns.as_fd(), false)?;
     let store_path = idmap::fd_path(store.as_fd());
     mount(format!(
-        "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work",
+        "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work,xino=on",
         idmap::fd_path(image.as_fd()),
     ))
 }

@@ -28,6 +28,7 @@ pub mod restore;
 pub mod spec;
 pub mod teardown;
 pub mod versions;
+mod watches;
 
 pub use manager::{Manager, ManagerConfig};
 
@@ -142,6 +143,18 @@ pub enum SessionError {
     Version(std::sync::Arc<SessionError>),
     #[error("checkpoint engine")]
     Engine(#[from] drums_engine::EngineError),
+    /// Something a session holds that a checkpoint cannot take, found
+    /// before CRIU is asked (so the user reads this, not CRIU's log).
+    #[error(
+        "session {session} cannot be checkpointed: process {pid} ({comm}) holds {object}; {advice}"
+    )]
+    NotCheckpointable {
+        session: String,
+        pid: i32,
+        comm: String,
+        object: String,
+        advice: String,
+    },
 }
 
 impl SessionError {
@@ -163,7 +176,9 @@ impl SessionError {
             | SessionError::VersionNotFound { .. }
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
-            SessionError::NameTaken(_) | SessionError::NotRunning { .. } => ErrorKind::Conflict,
+            SessionError::NameTaken(_)
+            | SessionError::NotRunning { .. }
+            | SessionError::NotCheckpointable { .. } => ErrorKind::Conflict,
             SessionError::Inspect(e) => match e {
                 drums_inspect::InspectError::NoTurn(_)
                 | drums_inspect::InspectError::TurnOpen { .. }

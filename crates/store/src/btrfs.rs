@@ -98,9 +98,26 @@ const _: () = assert!(std::mem::size_of::<GetSubvolInfoArgs>() == 504);
 const _: () = assert!(std::mem::offset_of!(GetSubvolInfoArgs, generation) == 280);
 const _: () = assert!(std::mem::offset_of!(GetSubvolInfoArgs, ctime) == 376);
 
-mod ioctl {
-    use super::{GetSubvolInfoArgs, VolArgs, VolArgsV2, BTRFS_IOCTL_MAGIC};
+/// struct btrfs_ioctl_ino_path_args: `fspath` is the address of a buffer of
+/// `size` bytes that the kernel fills with a struct btrfs_data_container.
+#[repr(C)]
+pub(crate) struct InoPathArgs {
+    pub inum: u64,
+    pub size: u64,
+    pub reserved: [u64; 4],
+    pub fspath: u64,
+}
+const _: () = assert!(std::mem::size_of::<InoPathArgs>() == 56);
 
+/// The head of struct btrfs_data_container, before its `val[]` offsets.
+const DATA_CONTAINER_HEAD: usize = 16;
+/// The buffer INO_PATHS fills: a few hard links' paths of up to PATH_MAX.
+const INO_PATHS_BUF: usize = 64 << 10;
+
+mod ioctl {
+    use super::{GetSubvolInfoArgs, InoPathArgs, VolArgs, VolArgsV2, BTRFS_IOCTL_MAGIC};
+
+    nix::ioctl_readwrite!(ino_paths, BTRFS_IOCTL_MAGIC, 35, InoPathArgs);
     nix::ioctl_write_ptr!(snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
     nix::ioctl_write_ptr!(snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
     nix::ioctl_write_ptr!(subvol_create_v2, BTRFS_IOCTL_MAGIC, 24, VolArgsV2);
@@ -333,6 +350,74 @@ pub fn subvolume_generation(path: &Path) -> Result<u64, StoreError> {
     subvolume_info(path).map(|info| info.generation)
 }
 
+/// Every path of inode `ino` in the subvolume that holds `dir`, relative to
+/// that subvolume's root (BTRFS_IOC_INO_PATHS, what `btrfs inspect-internal
+/// inode-resolve` does): the links the inode has, found through its back
+/// references rather than by walking the tree. An inode the subvolume does
+/// not have gives none.
+pub fn ino_paths(dir: &Path, ino: u64) -> Result<Vec<std::path::PathBuf>, StoreError> {
+    let file = open_dir(dir)?;
+    // u64s, so the container's offsets are aligned as the kernel writes them.
+    let mut buf = vec![0u64; INO_PATHS_BUF / 8];
+    let mut args = InoPathArgs {
+        inum: ino,
+        size: INO_PATHS_BUF as u64,
+        reserved: [0; 4],
+        fspath: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: `file` is open for the call, `args` is a properly laid out
+    // btrfs_ioctl_ino_path_args, and `fspath` points to `size` writable bytes
+    // that outlive the call.
+    match unsafe { ioctl::ino_paths(file.as_raw_fd(), &mut args) } {
+        Ok(_) => {}
+        // No such inode in this subvolume.
+        Err(Errno::ENOENT) => return Ok(Vec::new()),
+        Err(errno) => {
+            return Err(StoreError::Ioctl {
+                op: "resolve inode paths",
+                path: dir.into(),
+                source: errno.into(),
+            })
+        }
+    }
+    // SAFETY: reinterpreting initialised u64s as bytes; the length is the same
+    // allocation's.
+    let bytes: &[u8] =
+        unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), INO_PATHS_BUF) };
+    Ok(parse_data_container(bytes))
+}
+
+/// The NUL-terminated strings a btrfs_data_container of paths holds: after
+/// its 16-byte head (bytes_left, bytes_missing, elem_cnt, elem_missed), an
+/// array of elem_cnt u64 offsets, each relative to the array's start.
+/// Whatever falls outside the buffer is dropped, never read.
+fn parse_data_container(bytes: &[u8]) -> Vec<std::path::PathBuf> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    };
+    let Some(count) = u32_at(8) else {
+        return Vec::new();
+    };
+    let vals = &bytes[DATA_CONTAINER_HEAD.min(bytes.len())..];
+    let mut out = Vec::new();
+    for i in 0..count as usize {
+        let Some(off) = vals
+            .get(i * 8..i * 8 + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes)
+        else {
+            break;
+        };
+        let Some(rest) = usize::try_from(off).ok().and_then(|o| vals.get(o..)) else {
+            continue;
+        };
+        if let Some(end) = rest.iter().position(|&b| b == 0) {
+            out.push(std::path::PathBuf::from(OsStr::from_bytes(&rest[..end])));
+        }
+    }
+    out
+}
+
 /// Split `path` into the directory the ioctl is issued on and the entry name it
 /// creates or removes there.
 fn split(path: &Path) -> Result<(&Path, &OsStr), StoreError> {
@@ -367,6 +452,20 @@ pub(crate) fn open_dir(path: &Path) -> Result<File, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_containers_give_their_paths_and_nothing_outside() {
+        let mut b = vec![0u8; 16];
+        b[8..12].copy_from_slice(&3u32.to_ne_bytes());
+        // Three offsets (24 bytes), then two strings; the third points past the end.
+        for off in [24u64, 30, 9999] {
+            b.extend_from_slice(&off.to_ne_bytes());
+        }
+        b.extend_from_slice(b"etc/a\0b/c\0");
+        let got = parse_data_container(&b);
+        assert_eq!(got, vec![Path::new("etc/a"), Path::new("b/c")]);
+        assert!(parse_data_container(&[0; 4]).is_empty());
+    }
 
     #[test]
     fn ioctl_numbers_match_the_kernel_headers() {

@@ -26,7 +26,7 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
 
 pub use btrfs::{
-    create_subvolume, create_subvolume_with, delete_subvolume, is_subvolume, snapshot,
+    create_subvolume, create_subvolume_with, delete_subvolume, ino_paths, is_subvolume, snapshot,
     snapshot_with, subvolume_generation, subvolume_info, SubvolumeInfo,
 };
 pub use quota::{
