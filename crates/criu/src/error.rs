@@ -181,6 +181,90 @@ pub(crate) fn is_harmless(line: &str) -> bool {
     HARMLESS.iter().any(|h| line.contains(h))
 }
 
+/// What a failed dump could not take, read from CRIU's error lines: which
+/// process (a host pid, when CRIU names one), what it holds, and what the
+/// user can do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported {
+    pub pid: Option<i32>,
+    pub object: String,
+    pub advice: String,
+}
+
+impl CriuError {
+    /// For a dump CRIU refused: what it could not take, in words a user can
+    /// act on, instead of CRIU's log line.
+    pub fn unsupported(&self) -> Option<Unsupported> {
+        match self {
+            CriuError::Failed { tail, .. } => Some(explain_dump(tail)),
+            _ => None,
+        }
+    }
+}
+
+/// The explanation of a failed dump's error lines (`tail`, as [`log_tail`]
+/// joins them): the known cases in CRIU 4.2.1's own words, and otherwise
+/// its first error that is not a summary ("Dumping FAILED"), with the pid
+/// a summary names.
+fn explain_dump(tail: &str) -> Unsupported {
+    let lines: Vec<&str> = tail
+        .split(" | ")
+        .filter_map(|l| l.split_once("): ").map(|(_, m)| m.trim()))
+        .collect();
+    let number_after = |text: &str, key: &str| -> Option<i32> {
+        let rest = &text[text.find(key)? + key.len()..];
+        let digits: String = rest
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    let summary_pid = lines.iter().find_map(|l| number_after(l, "(pid:"));
+    for l in &lines {
+        // tty.c: a task holds its session's controlling terminal through
+        // /dev/tty, and the first pty of that session CRIU met (the master,
+        // when the pty's holder is dumped first) is another task's.
+        if l.contains("ctty inheritance detected") {
+            return Unsupported {
+                pid: number_after(l, "ctty pid_real"),
+                object: format!(
+                    "its session's controlling terminal open as /dev/tty, while process {} holds that terminal's pty master",
+                    number_after(l, "pty pid_real").map_or("?".into(), |p| p.to_string())
+                ),
+                advice: "CRIU 4.2.1 cannot dump a shell that keeps /dev/tty open under another process's pty (dash does, for job control): run bash on the pty, or turn job control off in that shell (`set +m`)".into(),
+            };
+        }
+        if l.contains("Can't dump ghost file") {
+            return Unsupported {
+                pid: summary_pid,
+                object: format!("an unlinked file that is still open ({})", l.trim_start_matches("Can't dump ghost file").trim()),
+                advice: "CRIU copies such files into the checkpoint, up to 4 GiB each: close it, or keep it linked".into(),
+            };
+        }
+        if l.contains("Can't dump that handle") {
+            return Unsupported {
+                pid: summary_pid,
+                object:
+                    "an inotify or fanotify watch on a file that has no path CRIU can restore it by"
+                        .into(),
+                advice: "remove the watch (restart the watcher) before checkpointing".into(),
+            };
+        }
+    }
+    let first = lines
+        .iter()
+        .find(|l| !l.contains("FAILED") && !l.contains("failed with"))
+        .or(lines.first())
+        .copied()
+        .unwrap_or("an object CRIU did not name");
+    Unsupported {
+        pid: summary_pid,
+        object: format!("something CRIU 4.2.1 cannot dump ({first})"),
+        advice: "end or restart that process before checkpointing".into(),
+    }
+}
+
 fn read_end(path: &Path) -> io::Result<String> {
     let mut f = std::fs::File::open(path)?;
     let len = f.metadata()?.len();
@@ -195,6 +279,25 @@ fn read_end(path: &Path) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_dumps_are_explained() {
+        let ctty = explain_dump("(00.134262) Error (criu/tty.c:2286): tty: ctty inheritance detected sid/pgrp 8 (ctty pid_real 22227 pty pid_real 22221) | (00.134516) Error (criu/cr-dump.c:1975): Dumping FAILED.");
+        assert_eq!(ctty.pid, Some(22227));
+        assert!(ctty.object.contains("process 22221"), "{ctty:?}");
+        assert!(ctty.advice.contains("set +m"));
+        let fsn = explain_dump("(00.09) Error (criu/fsnotify.c:284): fsnotify: \tCan't dump that handle | (00.09) Error (criu/cr-dump.c:1545): Dump files (pid: 22144) failed with -1 | (00.10) Error (criu/cr-dump.c:1975): Dumping FAILED.");
+        assert_eq!(fsn.pid, Some(22144));
+        assert!(fsn.object.contains("inotify"));
+        let other = explain_dump("(00.1) Error (criu/sk-inet.c:1): inet: Unsupported socket family 44 | (00.2) Error (criu/cr-dump.c:1545): Dump files (pid: 7) failed with -1");
+        assert_eq!(other.pid, Some(7));
+        assert!(
+            other.object.contains("Unsupported socket family 44"),
+            "{other:?}"
+        );
+        let nothing = explain_dump("(log empty)");
+        assert_eq!(nothing.pid, None);
+    }
 
     #[test]
     fn tail_keeps_last_error_lines() {

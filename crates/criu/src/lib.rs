@@ -28,7 +28,17 @@ pub mod request;
 mod swrk;
 pub mod userns_image;
 
-pub use error::{log_tail, CriuError, Op};
+pub use error::{log_tail, CriuError, Op, Unsupported};
+
+/// Whether the dump in `images` kept established TCP connections (dumped
+/// with `tcp_established`: one `tcp-stream-*.img` per connection), so that
+/// its restore must keep them too rather than close them.
+pub fn kept_connections(images: &std::path::Path) -> bool {
+    std::fs::read_dir(images).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().as_encoded_bytes().starts_with(b"tcp-stream-"))
+    })
+}
 pub use swrk::NotifyFn;
 
 /// Names of the notifications CRIU sends, in the order they arrive.

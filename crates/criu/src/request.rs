@@ -18,8 +18,11 @@ pub const DUMP_LOG: &str = "dump.log";
 /// Written into the per-restore work dir: the images directory is shared by
 /// concurrent restores and is used read-only.
 pub const RESTORE_LOG: &str = "restore.log";
-/// Largest unlinked-but-open ("ghost") file CRIU copies into the image.
-pub const GHOST_LIMIT: u32 = 64 << 20;
+/// Largest unlinked-but-open ("ghost") file CRIU copies into the image: as
+/// large as RPC's uint32 can say. A session's disk quota already bounds what
+/// it can write; a lower limit only failed checkpoints of ordinary
+/// workloads (a download held in a temporary file, a database's temp store).
+pub const GHOST_LIMIT: u32 = u32::MAX;
 /// CRIU log level 4 (debug): a failed dump or restore is explained only by the
 /// lines before the error, and the cost (a few MiB per desktop dump) is small.
 pub const LOG_LEVEL: i32 = 4;
@@ -51,6 +54,8 @@ pub(crate) fn dump_request(o: &DumpOpts, images_dir_fd: RawFd) -> Criu_req {
     // have no controlling terminal of ours; shell_job would let a tree whose
     // sid/pgid points outside it be dumped, and then restore it onto our tty.
     c.set_shell_job(false);
+    // CRIU copies a ghost's data into the image, so it costs a version its
+    // size in bytes and the copy in the frozen window (docs/checkpoints.md).
     // "Can't dump ghost file /tmp/.org.chromium.Chromium.* of 2097152 size,
     // increase limit": the default 1 MiB is too small for Chromium's
     // unlinked temp files.
@@ -227,7 +232,7 @@ mod tests {
         assert!(c.leave_running());
         assert!(c.notify_scripts());
         assert!(!c.shell_job());
-        assert_eq!(c.ghost_limit(), 64 * 1024 * 1024);
+        assert_eq!(c.ghost_limit(), u32::MAX);
         assert!(c.file_locks());
         assert!(c.force_irmap());
         assert!(c.irmap_scan_paths.is_empty());

@@ -446,8 +446,16 @@ fn reseed_checks(
         if let Err(why) = r {
             out.push(AuditCheck {
                 what: format!("reseed report of {which}"),
-                a: if which == "A" { why.clone() } else { String::new() },
-                b: if which == "B" { why.clone() } else { String::new() },
+                a: if which == "A" {
+                    why.clone()
+                } else {
+                    String::new()
+                },
+                b: if which == "B" {
+                    why.clone()
+                } else {
+                    String::new()
+                },
                 ok: false,
                 note: "the reseed's outcome is unknown".into(),
             });
@@ -499,13 +507,21 @@ mod tests {
         let a = r(&[5, 6], &[5], &[7], &[]);
         let b = r(&[5], &[5], &[], &[6]);
         let checks = reseed_checks(&a, &b);
-        let row = |pid: u32| checks.iter().find(|c| c.what == format!("reseed of pid {pid}")).unwrap();
+        let row = |pid: u32| {
+            checks
+                .iter()
+                .find(|c| c.what == format!("reseed of pid {pid}"))
+                .unwrap()
+        };
         assert!(row(5).ok);
         assert_eq!((row(5).a.as_str(), row(5).b.as_str()), ("acked", "acked"));
         assert!(!row(6).ok);
         assert_eq!(row(6).a, "signalled, no ack");
         assert_eq!(row(6).b, "unverified, not signalled");
-        assert!(row(7).ok, "a stale registration names a process that is gone");
+        assert!(
+            row(7).ok,
+            "a stale registration names a process that is gone"
+        );
         assert_eq!(checks.len(), 3);
         // Two cold sessions: nothing to say. An agent that does not say: a failed check.
         assert!(reseed_checks(&Ok(None), &Ok(None)).is_empty());

@@ -57,6 +57,74 @@ struct DumpReport {
 }
 
 /// Whether a process that was in the session before a dump is gone after it.
+/// A dump CRIU refused, as what the session holds that cannot be taken (the
+/// user reads this; CRIU's own lines go to drumsd's log, since the failed
+/// checkpoint's directory, its log included, is removed).
+fn explain(session: &str, e: drums_criu::CriuError) -> SessionError {
+    match e.unsupported() {
+        Some(u) => {
+            warn!("{session}: {}", crate::error_chain(&e));
+            SessionError::NotCheckpointable {
+                session: session.to_owned(),
+                process: u
+                    .pid
+                    .map_or_else(|| "a process".to_owned(), crate::process::describe),
+                object: u.object,
+                advice: u.advice,
+            }
+        }
+        None => e.into(),
+    }
+}
+
+/// Whether the session whose init is `init` has TCP connections, and every
+/// one is to a loopback address (both ends in its network namespace).
+/// Listeners and TIME_WAIT (held by the kernel, not a process) do not count.
+fn connections_within(init: i32) -> bool {
+    let mut any = false;
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{init}/net/{table}")) else {
+            return false;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state)) = (f.get(2), f.get(3)) else {
+                continue;
+            };
+            // 0A LISTEN, 06 TIME_WAIT, 07 CLOSE.
+            if matches!(*state, "0A" | "06" | "07") {
+                continue;
+            }
+            if !is_loopback(remote.split(':').next().unwrap_or("")) {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
+}
+
+/// A /proc/net/tcp{,6} address: 127.0.0.0/8, ::1, or ::ffff:127.x. The
+/// kernel prints each 32-bit word of the address as it lies in memory (in
+/// network order) read as a native integer, so the word's native bytes are
+/// the address's.
+fn is_loopback(hex: &str) -> bool {
+    let bytes: Vec<u8> = (0..hex.len() / 8)
+        .filter_map(|i| u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok())
+        .flat_map(u32::to_ne_bytes)
+        .collect();
+    match bytes.len() {
+        4 => bytes[0] == 127,
+        16 => {
+            bytes[..15].iter().all(|&b| b == 0) && bytes[15] == 1
+                || bytes[..10].iter().all(|&b| b == 0)
+                    && bytes[10..12] == [0xff, 0xff]
+                    && bytes[12] == 127
+        }
+        _ => false,
+    }
+}
+
 /// The (device, inode) pairs `marks` watch.
 fn watched_inodes(marks: &[drums_criu::fsnotify::Mark]) -> std::collections::BTreeSet<(u32, u64)> {
     marks.iter().map(|m| (m.s_dev, m.ino)).collect()
@@ -359,6 +427,7 @@ impl Manager {
             freeze_cgroup: None,
             external_mounts: external_mounts_dump(),
             network_lock: network_lock(&rec.network),
+            // Decided per attempt, below.
             tcp_established: false,
         };
         let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
@@ -381,7 +450,15 @@ impl Manager {
             })
             .await
             .expect("no panic")?;
-            let (criu, opts) = (self.criu.clone(), opts.clone());
+            let (criu, mut opts) = (self.criu.clone(), opts.clone());
+            // A connection with both ends in the session (loopback) comes
+            // back whole, in any sibling: its addresses are the session's
+            // own. One with a peer outside cannot (a sibling has another
+            // address, and the peer's side is not in the version), and CRIU
+            // takes all of a tree's connections or none of their state: so
+            // only when every connection is within the session is it kept;
+            // otherwise every one is restored closed (`tcp_close`).
+            opts.tcp_established = connections_within(pid);
             let (upper, target, snapshot_fault) = (
                 upper.clone(),
                 snap.map(|s| s.to_owned()),
@@ -470,7 +547,7 @@ impl Manager {
                     std::fs::create_dir_all(images).map_err(io("create", images))?;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                (result, _) => break result?,
+                (result, _) => break result.map_err(|e| explain(&rec.name, e))?,
             }
         };
         let frozen_ms = report
@@ -558,5 +635,21 @@ pub fn to_api(m: &Manifest) -> Checkpoint {
         images_bytes: m.images_bytes(),
         dump_ms: m.dump_ms,
         frozen_ms: m.frozen_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_addresses_as_proc_net_tcp_prints_them() {
+        assert!(is_loopback("0100007F"));
+        assert!(is_loopback("0500007F"));
+        assert!(!is_loopback("0500D60A")); // 10.214.0.5
+        assert!(is_loopback("00000000000000000000000001000000"));
+        assert!(is_loopback("0000000000000000FFFF00000100007F"));
+        assert!(!is_loopback("0000000000000000FFFF00000500D60A"));
+        assert!(!is_loopback(""));
     }
 }

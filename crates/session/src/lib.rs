@@ -145,13 +145,11 @@ pub enum SessionError {
     Engine(#[from] drums_engine::EngineError),
     /// Something a session holds that a checkpoint cannot take, found
     /// before CRIU is asked (so the user reads this, not CRIU's log).
-    #[error(
-        "session {session} cannot be checkpointed: process {pid} ({comm}) holds {object}; {advice}"
-    )]
+    #[error("session {session} cannot be checkpointed: {process} holds {object}; {advice}")]
     NotCheckpointable {
         session: String,
-        pid: i32,
-        comm: String,
+        /// "process 7 (python3, host pid 2214)", or "a process".
+        process: String,
         object: String,
         advice: String,
     },

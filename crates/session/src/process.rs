@@ -24,6 +24,26 @@ pub fn state(pid: i32) -> Option<char> {
 }
 
 /// Alive and not a zombie.
+/// How to name host pid `pid` to a user: as the session sees it (the last
+/// pid of `NSpid`), with its command and the host's pid: "process 7
+/// (python3, host pid 2214)".
+pub fn describe(pid: i32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let comm = field("Name:").unwrap_or("?");
+    match field("NSpid:").and_then(|p| p.split_whitespace().last()) {
+        Some(inner) if inner != pid.to_string() => {
+            format!("process {inner} ({comm}, host pid {pid})")
+        }
+        _ => format!("process {pid} ({comm})"),
+    }
+}
+
 pub fn alive(pid: i32) -> bool {
     matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
 }

@@ -285,14 +285,16 @@ impl Manager {
             rec.id_base,
         )?;
         let opts = drums_criu::RestoreOpts {
-            images_dir,
+            images_dir: images_dir.clone(),
             work_dir: dir.clone(),
             root: root.clone(),
             external_mounts: external_mounts_restore(&self.bin_dir),
             veth_pairs: vec![],
             join_cgroups: cg.procs_files(),
             network_lock: network_lock(&rec.network),
-            tcp_established: false,
+            // As the dump decided: its images have a stream per connection
+            // it kept (crate::checkpoint, connections_within).
+            tcp_established: drums_criu::kept_connections(&images_dir),
             empty_net: true,
         };
         let (criu, net, rt) = (

@@ -94,8 +94,7 @@ pub(crate) fn irmap_entries(
             None => {
                 return Err(SessionError::NotCheckpointable {
                     session: session.to_owned(),
-                    pid: mark.pid,
-                    comm: comm(mark.pid),
+                    process: crate::process::describe(mark.pid),
                     object: format!(
                         "an inotify or fanotify watch (fd {}) on inode {ino} of the session's root, which no path in the session leads to without a symlink",
                         mark.fd
@@ -301,12 +300,6 @@ fn fid_of(fd: BorrowedFd<'_>) -> Option<(i32, Vec<u8>)> {
     };
     let len = usize::try_from(h.bytes).ok().filter(|&n| n <= MAX_HANDLE)?;
     (r == 0).then(|| (h.kind, h.data[..len].to_vec()))
-}
-
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_owned())
-        .unwrap_or_else(|_| "?".into())
 }
 
 #[cfg(test)]

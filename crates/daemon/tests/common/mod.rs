@@ -147,7 +147,14 @@ impl TestDaemon {
                 "--cgroup-parent",
                 &self.cgroup_parent,
             ])
-            .args(["--store-gib", "4", "--enable-fault-injection"])
+            .args(
+                // A test may size the store itself.
+                (!self.extra_args.iter().any(|a| a == "--store-gib"))
+                    .then_some(["--store-gib", "4"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .arg("--enable-fault-injection")
             .args(["--llm-proxy-local", &self.proxy_local.to_string()])
             .args(&self.extra_args)
             .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
