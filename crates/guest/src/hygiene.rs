@@ -274,7 +274,10 @@ pub fn status(config: &HygieneConfig) -> Result<HygieneStatus, HygieneError> {
     Ok(HygieneStatus {
         generation,
         registered: registered.into_iter().collect(),
-        last: LAST_REPORT.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        last: LAST_REPORT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
     })
 }
 
@@ -700,7 +703,10 @@ impl ProcStatus {
 
     fn parse(text: &str) -> Option<Self> {
         let ids = |s: &str| -> Option<[u32; 3]> {
-            let ids: Vec<u32> = s.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+            let ids: Vec<u32> = s
+                .split_whitespace()
+                .filter_map(|s| s.parse().ok())
+                .collect();
             Some([*ids.first()?, *ids.get(1)?, *ids.get(2)?])
         };
         let (mut zombie, mut uids, mut gids) = (None, None, None);
@@ -981,10 +987,9 @@ mod tests {
         assert!(!me.zombie);
         let uid = nix::unistd::getuid().as_raw();
         assert_eq!(me.uids[0], uid);
-        let zombie = ProcStatus::parse(
-            "Name:\tx\nState:\tZ (zombie)\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\n",
-        )
-        .unwrap();
+        let zombie =
+            ProcStatus::parse("Name:\tx\nState:\tZ (zombie)\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\n")
+                .unwrap();
         assert!(zombie.zombie);
         assert_eq!(zombie.uids, [1, 2, 3]);
         assert_eq!(zombie.gids, [5, 6, 7]);

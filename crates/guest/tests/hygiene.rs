@@ -299,7 +299,11 @@ async fn a_confined_agent_reseeds_another_users_process() {
         .find_map(|l| l.strip_prefix("CapBnd:"))
         .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
         .unwrap();
-    assert_eq!(bounding & (1 << 19), 0, "the agent still holds CAP_SYS_PTRACE");
+    assert_eq!(
+        bounding & (1 << 19),
+        0,
+        "the agent still holds CAP_SYS_PTRACE"
+    );
     let lib = write_python_path(guest.dir.path());
     std::fs::set_permissions(guest.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut p = Proc::spawn(
@@ -347,7 +351,9 @@ async fn a_registration_the_agent_may_not_check_is_reported_not_removed() {
     let guest = SandboxedGuest::start_confined().await;
     let lib = write_python_path(guest.dir.path());
     std::fs::set_permissions(guest.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = format!("import os\nos.setresgid(65534, 65534, 0)\nos.setresuid(65534, 65534, 0)\n{REGISTRANT}");
+    let script = format!(
+        "import os\nos.setresgid(65534, 65534, 0)\nos.setresuid(65534, 65534, 0)\n{REGISTRANT}"
+    );
     let mut p = Proc::python(&script, &lib, &guest.run);
     let pid = p.pid();
     assert_eq!(p.line(), format!("ready {pid}\n"));
