@@ -428,6 +428,15 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Checkpoint and restore of each workload of the checkpointability
+    /// corpus (file watchers, ptys, unlinked files, locks, SQLite, kernel
+    /// objects) against a plain headless session, interleaved in one run.
+    Corpus {
+        #[arg(short = 'n', default_value_t = 5)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The v1 and v2 cgroup freezers for a files artifact (freeze, read-only
     /// btrfs snapshot, thaw), interleaved on a 20-process workload. Runs
     /// in-process as root, without drumsd.

@@ -9,6 +9,7 @@ use hyper::Method;
 use serde_json::json;
 
 mod confinement;
+mod corpus;
 mod desktop;
 mod engine;
 mod freeze;
@@ -18,6 +19,7 @@ mod proxy;
 mod respawn;
 
 pub use confinement::confinement;
+pub use corpus::corpus;
 pub use engine::engine;
 pub use freeze::freeze;
 pub use image::image;

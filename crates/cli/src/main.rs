@@ -109,6 +109,7 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             bench::confinement(&c, profile, *n, *json).await
         }
         Command::Bench(BenchCommand::Engine { n, json }) => bench::engine(&c, *n, *json).await,
+        Command::Bench(BenchCommand::Corpus { n, json }) => bench::corpus(&c, *n, *json).await,
         Command::Bench(BenchCommand::Proxy {
             n,
             turns,

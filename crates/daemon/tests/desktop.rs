@@ -584,3 +584,154 @@ fn a_desktop_outlives_a_daemon_kill9_with_its_versions_and_rolls_back() {
     });
     d.stop_and_check_leaks();
 }
+
+/// A long-lived Python of the desktop's user, as an agent's tool or a
+/// task's set-up leaves one: seeded alike, it prints its next draw when
+/// asked (`/tmp/draw.ask` appears) into `/tmp/draw.<pid>`.
+const USER_PYTHON: &str = r#"
+import os, random, time
+random.seed(99)
+while True:
+    if os.path.exists('/tmp/draw.ask'):
+        p = '/tmp/draw.%d' % os.getpid()
+        if not os.path.exists(p):
+            open(p, 'w').write(repr(random.random()))
+    time.sleep(0.05)
+"#;
+
+/// OSWorld's first `/accessibility` call starts the AT-SPI bus, whose
+/// dbus-daemon watches its configuration with inotify: the desktop must
+/// stay checkpointable, and its clean siblings, their versions, rollbacks
+/// and recoveries must answer `/accessibility` again. A Python of the
+/// desktop's user (not root), registered for reseeds, is reseeded in every
+/// sibling: the audit says so process by process, and their draws differ.
+#[test]
+fn an_accessibility_call_leaves_the_desktop_checkpointable_and_user_pythons_reseeded() {
+    require_desktop_image();
+    let mut d = TestDaemon::start();
+    run(async {
+        let src = d
+            .create(&desktop())
+            .await
+            .unwrap_or_else(|e| panic!("create a desktop: {e}\n{}", d.log()));
+        let ip = src.ip.clone().unwrap();
+        let (status, body) = osworld_get(&ip, "/accessibility");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        // Seen from the host: the desktop user's processes are not root's
+        // to look into from inside.
+        let watching_bus = d.processes().into_iter().any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "dbus-daemon")
+                && std::fs::read_dir(format!("/proc/{p}/fd")).is_ok_and(|fds| {
+                    fds.flatten().any(|f| {
+                        std::fs::read_link(f.path())
+                            .is_ok_and(|l| l.as_os_str() == "anon_inode:inotify")
+                    })
+                })
+        });
+        assert!(
+            watching_bus,
+            "no dbus-daemon watches anything: the a11y call did not start the bus"
+        );
+        let o = d.drums(&[
+            "exec",
+            "-d",
+            "--user",
+            "user",
+            &src.id,
+            "--",
+            "python3",
+            "-c",
+            USER_PYTHON,
+        ]);
+        common::ok(&o, "start the user's python");
+        // Registered (the hook runs at start-up).
+        assert!(common::gone(|| {
+            d.sh(&src.id, "ls /run/drums/reseed | grep -c '^[0-9]*$'").1 != "0"
+        }));
+
+        let ck = d.checkpoint(&src.id, true, true).await;
+        let r = d
+            .restore(&ck.id, 2)
+            .await
+            .unwrap_or_else(|e| panic!("restore 2 desktops: {e}\n{}", d.log()));
+        let mut draws = Vec::new();
+        for s in &r.sessions {
+            let sip = s.ip.as_deref().unwrap();
+            let (status, body) = osworld_get(sip, "/accessibility");
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            assert_eq!(d.sh(&s.id, "touch /tmp/draw.ask").0, 0);
+            assert!(common::gone(|| d.sh(&s.id, "cat /tmp/draw.[0-9]*").0 == 0));
+            draws.push(d.sh(&s.id, "cat /tmp/draw.[0-9]*").1);
+        }
+        assert_ne!(
+            draws[0], draws[1],
+            "the user's python draws alike in both siblings"
+        );
+        let audit: drums_api::AuditReport = d.audit(&r.sessions[0].id, &r.sessions[1].id).await;
+        let reseeds: Vec<_> = audit
+            .clone
+            .iter()
+            .filter(|c| c.what.starts_with("reseed of pid"))
+            .collect();
+        assert!(!reseeds.is_empty(), "{audit:#?}");
+        assert!(
+            reseeds
+                .iter()
+                .all(|c| c.ok && c.a == "acked" && c.b == "acked"),
+            "{reseeds:#?}"
+        );
+        assert!(audit.passed, "{audit:#?}");
+
+        // A sibling's version, a rollback to it, and a recovery.
+        let s = &r.sessions[0];
+        d.client
+            .call(
+                Method::POST,
+                &format!("/v1/sessions/{}/turn/begin", s.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+        let e: drums_api::TurnEffects = d
+            .client
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{}/turn/end", s.id),
+                Some(&drums_api::EndTurn {
+                    checkpoint: true,
+                    policy: Some(drums_api::Policy::Full),
+                    wait: true,
+                }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a version after /accessibility: {e}\n{}", d.log()));
+        let v = e.checkpoint.unwrap().version.unwrap();
+        assert_eq!(v.state, "done", "{v:#?}");
+        common::ok(
+            &d.drums(&["rollback", &s.id, "--to", &v.number.to_string()]),
+            "rollback",
+        );
+        let sip = s.ip.as_deref().unwrap();
+        assert_eq!(osworld_get(sip, "/accessibility").0, 200);
+        let now: drums_api::Session = d
+            .client
+            .json(Method::GET, &format!("/v1/sessions/{}", s.id), None::<&()>)
+            .await
+            .unwrap();
+        let init = now.init_pid.unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(init),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        assert!(common::gone(|| !drums_session::process::alive(init)));
+        common::ok(&d.drums(&["recover", &s.id]), "recover");
+        assert_eq!(osworld_get(sip, "/accessibility").0, 200);
+
+        for s in r.sessions.iter().chain([&src]) {
+            d.rm(&s.id).await.unwrap();
+        }
+    });
+    d.stop_and_check_leaks();
+}

@@ -123,10 +123,19 @@ fn path_of(
                 .components()
                 .filter(|c| matches!(c, std::path::Component::Normal(_)))
                 .collect();
-            for skip in 0..parts.len() {
-                let candidate: PathBuf = parts[skip..].iter().collect();
+            // Down to no component at all: the session's root directory
+            // (a browser watches it), which CRIU must be told as "/." (it
+            // stats the path less its first byte, relative to the root).
+            for skip in 0..=parts.len() {
+                let mut candidate: PathBuf = parts[skip..].iter().collect();
+                if candidate.as_os_str().is_empty() {
+                    candidate = PathBuf::from(".");
+                }
                 if is_the_inode(root, &candidate, s_dev, ino, handle) {
-                    return Some(format!("/{}", candidate.display()));
+                    // CRIU takes the path as a protobuf string: UTF-8 only.
+                    if let Some(path) = candidate.to_str() {
+                        return Some(format!("/{path}"));
+                    }
                 }
             }
         }

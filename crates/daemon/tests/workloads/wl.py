@@ -481,7 +481,14 @@ def epoll():
     return check
 
 
+def idle():
+    # The corpus's Python with no object of its own: the baseline its
+    # workloads are measured against (drums bench corpus).
+    return lambda: "ok idle"
+
+
 WORKLOADS = {
+    "idle": idle,
     "inotify_own": inotify_own,
     "inotify_image": inotify_image,
     "pty_shell": pty_shell,
