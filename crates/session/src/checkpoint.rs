@@ -56,7 +56,6 @@ struct DumpReport {
     dump_ms: f64,
 }
 
-/// Whether a process that was in the session before a dump is gone after it.
 /// A dump CRIU refused, as what the session holds that cannot be taken (the
 /// user reads this; CRIU's own lines go to drumsd's log, since the failed
 /// checkpoint's directory, its log included, is removed).
@@ -130,6 +129,7 @@ fn watched_inodes(marks: &[drums_criu::fsnotify::Mark]) -> std::collections::BTr
     marks.iter().map(|m| (m.s_dev, m.ino)).collect()
 }
 
+/// Whether a process that was in the session before a dump is gone after it.
 fn vanished(before: &[i32], cgroup: &drums_cgroup::Cgroup) -> bool {
     match cgroup.pids() {
         Ok(after) => before.iter().any(|p| !after.contains(p)),
