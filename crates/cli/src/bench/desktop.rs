@@ -33,9 +33,13 @@ fn drop_page_cache() -> Result<(), Failure> {
     })
 }
 
-/// The in-session half of a restore again, on a restored sibling, through
-/// its guest agent: hostname and machine-id, the browser's clean reset, and
-/// agent-readiness. What a restore pays for not being a clone.
+/// The in-session half of a restore again, on a restored sibling, done as
+/// drumsd's restore does it (`crates/session/src/restore.rs`, `hygiene`):
+/// the hostname set in the session's UTS namespace from outside, since a
+/// confined session may not call sethostname itself; then, through its
+/// guest agent, hostname and machine-id files and the generation, the
+/// browser's clean reset, and agent-readiness. What a restore pays for not
+/// being a clone.
 async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     let pid = s
         .init_pid
@@ -43,11 +47,26 @@ async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     let guest = Client::in_root(format!("/proc/{pid}/root"), "/run/drums/guest.sock");
     let hostname = format!("bench-{round}");
     let t = Instant::now();
+    let h = hostname.clone();
+    tokio::task::spawn_blocking(move || drums_sys::set_hostname_in(pid, &h))
+        .await
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("set the hostname: {e}")))?
+        .map_err(|e| {
+            Failure::new(
+                exit::INTERNAL,
+                format!("set the hostname of session {} from outside: {e}", s.id),
+            )
+        })?;
     let _: serde_json::Value = guest
         .json(
             Method::POST,
             "/v1/hygiene",
-            Some(&json!({"hostname": hostname, "machine_id": format!("{:032x}", round + 1), "generation": s.generation + 1})),
+            Some(&json!({
+                "hostname": hostname,
+                "machine_id": format!("{:032x}", round + 1),
+                "generation": s.generation + 1,
+                "ip": s.ip,
+            })),
         )
         .await?;
     let _: serde_json::Value = guest
