@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: unit tests everywhere, and the root integration tests that
-# start real drumsd daemons. Run through `make test`, which runs set-up first.
+# The test suite: unit tests everywhere, the root integration tests that
+# start real drumsd daemons, then every bench once (scripts/bench-smoke.sh).
+# Run through `make test`, which runs set-up first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,3 +15,9 @@ cargo build --release --workspace --bins -q
 # Two at a time: each integration test runs its own daemon, and this machine
 # has two cores.
 cargo test --release --workspace -- --test-threads=2
+# Every bench once, with -n 1, against a drumsd of its own: a bench that no
+# longer runs, or leaves a session, checkpoint, image or host resource
+# behind, fails here (about 5 minutes on this 2-core machine; the per-bench
+# times are in its summary). After the tests, not beside them: the benches
+# drop the page cache and load both cores.
+bash scripts/bench-smoke.sh

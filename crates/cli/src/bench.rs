@@ -15,8 +15,11 @@ mod engine;
 mod freeze;
 mod image;
 mod inspect;
+mod made;
 mod proxy;
 mod respawn;
+
+use made::Made;
 
 pub use confinement::confinement;
 pub use corpus::corpus;
@@ -76,32 +79,12 @@ async fn host_used_median() -> f64 {
     v[v.len() / 2]
 }
 
-async fn create(c: &Client, profile: &str) -> Result<(Session, f64), Failure> {
-    create_with(
-        c,
-        &CreateSession {
-            profile: Some(profile.into()),
-            ..Default::default()
-        },
-    )
+async fn create(m: &Made<'_>, profile: &str) -> Result<(Session, f64), Failure> {
+    m.create_with(&CreateSession {
+        profile: Some(profile.into()),
+        ..Default::default()
+    })
     .await
-}
-
-/// A session made from `req`, and the seconds until it was ready.
-async fn create_with(c: &Client, req: &CreateSession) -> Result<(Session, f64), Failure> {
-    let t = Instant::now();
-    let s: Session = c.json(Method::POST, "/v1/sessions", Some(req)).await?;
-    Ok((s, t.elapsed().as_secs_f64()))
-}
-
-async fn remove(c: &Client, s: &Session) -> Result<(), Failure> {
-    c.call(
-        Method::DELETE,
-        &format!("/v1/sessions/{}", enc(&s.id)),
-        None::<&()>,
-    )
-    .await?;
-    Ok(())
 }
 
 /// `drums bench start`: create-to-ready (ready = the guest agent answers), and
@@ -110,14 +93,21 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
+    let m = Made::new(c);
+    let r = start_in(&m, profile, n, as_json).await;
+    m.finish(r).await
+}
+
+async fn start_in(m: &Made<'_>, profile: &str, n: usize, as_json: bool) -> Result<i32, Failure> {
+    let c = m.client();
     // One unmeasured round warms the page cache and the daemon's paths.
-    let (s, _) = create(c, profile).await?;
-    remove(c, &s).await?;
+    let (s, _) = create(m, profile).await?;
+    m.remove(&s).await?;
 
     let mut cold = Vec::with_capacity(n);
     for i in 0..n {
-        let (s, t) = create(c, profile).await?;
-        remove(c, &s).await?;
+        let (s, t) = create(m, profile).await?;
+        m.remove(&s).await?;
         cold.push(t);
         if !as_json {
             eprint!("\r\x1b[Kcold start {}/{n}: {:.1} ms", i + 1, t * 1e3);
@@ -135,7 +125,7 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     let mut live = Vec::new();
     for target in [1usize, 4, 8] {
         while live.len() < target {
-            live.push(create(c, profile).await?.0);
+            live.push(create(m, profile).await?.0);
         }
         settle().await;
         points.push((target as f64, host_used_median().await));
@@ -160,7 +150,7 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     }
     let charged_mean = charged.iter().sum::<f64>() / charged.len().max(1) as f64;
     for s in &live {
-        remove(c, s).await?;
+        m.remove(s).await?;
     }
     let per_session = slope(&points);
 
@@ -202,23 +192,15 @@ pub async fn start(c: &Client, profile: &str, n: usize, as_json: bool) -> Result
     Ok(exit::OK)
 }
 
-async fn restore_n(c: &Client, ck: &str, count: usize) -> Result<(Vec<Session>, f64), Failure> {
-    let t = Instant::now();
-    let r: drums_api::RestoreResult = c
-        .json(
-            Method::POST,
-            &format!("/v1/checkpoints/{}/restore", enc(ck)),
-            Some(&drums_api::RestoreRequest { count, name: None }),
-        )
-        .await?;
-    Ok((r.sessions, t.elapsed().as_secs_f64()))
+async fn restore_n(m: &Made<'_>, ck: &str, count: usize) -> Result<(Vec<Session>, f64), Failure> {
+    m.restore(ck, count).await
 }
 
 /// Dump time: `n` checkpoints of `src` in a row, all but the last removed.
 /// Returns (seconds, frozen seconds) of each, and the last checkpoint, whose
 /// dump stops `src` unless `keep_running`.
 async fn checkpoints(
-    c: &Client,
+    m: &Made<'_>,
     src: &Session,
     n: usize,
     clean: bool,
@@ -234,24 +216,14 @@ async fn checkpoints(
             clean,
             leave_running: keep_running || !last,
         };
-        let k: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+        let k = m.checkpoint(&req).await?;
         dumps.push((t.elapsed().as_secs_f64(), k.frozen_ms / 1e3));
         if last {
             return Ok((dumps, k));
         }
-        delete_checkpoint(c, &k.id).await?;
+        m.delete_checkpoint(&k.id).await?;
     }
     Err(Failure::usage("a bench takes at least one checkpoint"))
-}
-
-async fn delete_checkpoint(c: &Client, id: &str) -> Result<(), Failure> {
-    c.call(
-        Method::DELETE,
-        &format!("/v1/checkpoints/{}", enc(id)),
-        None::<&()>,
-    )
-    .await?;
-    Ok(())
 }
 
 /// Run a script in a session; its stdout, or a failure naming the script.
@@ -357,7 +329,7 @@ async fn ksm_settle() {
 /// Memory per added session: host slope over `steps`, the mean cgroup
 /// charge, and the mean PSS of the sessions at the last step.
 async fn memory_slope(
-    c: &Client,
+    m: &Made<'_>,
     steps: &[usize],
     arm: Arm<'_>,
 ) -> Result<(f64, f64, f64), Failure> {
@@ -367,8 +339,8 @@ async fn memory_slope(
     for &target in steps {
         while live.len() < target {
             live.push(match arm {
-                Arm::Cold(profile) => create(c, profile).await?.0,
-                Arm::Restored(ck) => restore_n(c, ck, 1).await?.0.remove(0),
+                Arm::Cold(profile) => create(m, profile).await?.0,
+                Arm::Restored(ck) => restore_n(m, ck, 1).await?.0.remove(0),
             });
         }
         tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
@@ -383,7 +355,8 @@ async fn memory_slope(
         / live.len().max(1) as f64;
     let mut charged = 0.0;
     for s in &live {
-        let st: drums_api::SessionStats = c
+        let st: drums_api::SessionStats = m
+            .client()
             .json(
                 Method::GET,
                 &format!("/v1/sessions/{}/stats", enc(&s.id)),
@@ -393,7 +366,7 @@ async fn memory_slope(
         charged += st.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
     }
     for s in &live {
-        remove(c, s).await?;
+        m.remove(s).await?;
     }
     Ok((slope(&points), charged / live.len().max(1) as f64, pss))
 }
@@ -406,42 +379,50 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
-    if profile == "desktop" {
-        return desktop::restore(c, n, as_json).await;
-    }
-    let say = |m: String| {
+    let m = Made::new(c);
+    let r = if profile == "desktop" {
+        desktop::restore(&m, n, as_json).await
+    } else {
+        restore_in(&m, profile, n, as_json).await
+    };
+    m.finish(r).await
+}
+
+async fn restore_in(m: &Made<'_>, profile: &str, n: usize, as_json: bool) -> Result<i32, Failure> {
+    let c = m.client();
+    let say = |line: String| {
         if !as_json {
-            eprintln!("{m}");
+            eprintln!("{line}");
         }
     };
-    let (src, _) = create(c, profile).await?;
+    let (src, _) = create(m, profile).await?;
     sh(c, &src, WORKLOAD).await?;
     wait_port(src.ip.as_deref().unwrap_or_default(), 8000).await?;
     // Dump time: a few checkpoints of the warm session, the last one kept.
-    let (dumps, ck) = checkpoints(c, &src, 5, false, true).await?;
-    remove(c, &src).await?;
+    let (dumps, ck) = checkpoints(m, &src, 5, false, true).await?;
+    m.remove(&src).await?;
     // Warm-up of both arms.
-    let (s, _) = create(c, profile).await?;
-    remove(c, &s).await?;
-    let (v, _) = restore_n(c, &ck.id, 1).await?;
-    remove(c, &v[0]).await?;
+    let (s, _) = create(m, profile).await?;
+    m.remove(&s).await?;
+    let (v, _) = restore_n(m, &ck.id, 1).await?;
+    m.remove(&v[0]).await?;
 
     let (mut cold, mut warm, mut cold_work) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
-        let (s, t) = create(c, profile).await?;
-        remove(c, &s).await?;
+        let (s, t) = create(m, profile).await?;
+        m.remove(&s).await?;
         cold.push(t);
         // The fair comparison for a restore: a cold session brought to the
         // same state (the workload started and answering).
         let t0 = Instant::now();
-        let (s, _) = create(c, profile).await?;
+        let (s, _) = create(m, profile).await?;
         sh(c, &s, WORKLOAD).await?;
         wait_port(s.ip.as_deref().unwrap_or_default(), 8000).await?;
         cold_work.push(t0.elapsed().as_secs_f64());
-        remove(c, &s).await?;
-        let (v, t) = restore_n(c, &ck.id, 1).await?;
+        m.remove(&s).await?;
+        let (v, t) = restore_n(m, &ck.id, 1).await?;
         for s in &v {
-            remove(c, s).await?;
+            m.remove(s).await?;
         }
         warm.push(t);
         if !as_json {
@@ -456,18 +437,18 @@ pub async fn restore(c: &Client, profile: &str, n: usize, as_json: bool) -> Resu
     say(String::new());
     let mut forks = Vec::new();
     for count in [1usize, 4, 8] {
-        let (v, t) = restore_n(c, &ck.id, count).await?;
+        let (v, t) = restore_n(m, &ck.id, count).await?;
         for s in &v {
-            remove(c, s).await?;
+            m.remove(s).await?;
         }
         forks.push((count, t));
         say(format!("fork of {count}: all ready in {:.1} ms", t * 1e3));
     }
     say("memory: cold sessions".into());
-    let (cold_slope, cold_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
+    let (cold_slope, cold_cg, _) = memory_slope(m, &[1, 4, 8, 12], Arm::Cold(profile)).await?;
     say("memory: restored siblings".into());
-    let (warm_slope, warm_cg, _) = memory_slope(c, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
-    delete_checkpoint(c, &ck.id).await?;
+    let (warm_slope, warm_cg, _) = memory_slope(m, &[1, 4, 8, 12], Arm::Restored(&ck.id)).await?;
+    m.delete_checkpoint(&ck.id).await?;
 
     let sort = |v: &mut Vec<f64>| v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     sort(&mut cold);

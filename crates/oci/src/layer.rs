@@ -4,21 +4,32 @@
 //! layers below put in its directory).
 //!
 //! A layer comes from a stranger, so every name is resolved inside the tree
-//! (openat2 with RESOLVE_IN_ROOT, as the session will resolve it), a final
-//! component is never followed, and the layer is refused, with the entry
-//! named, for an absolute path or a `..`, a relative symlink that climbs above
-//! the root, a hard link to a directory or to nothing, a device node, an
-//! entry type the spec does not use, or more bytes or entries than its
-//! limits. Absolute symlink targets are kept: inside the session they name
-//! its own files, and drums never follows one from the host (it opens a
-//! session's paths with `drums_sys::open_in_root`).
+//! (openat2 with RESOLVE_IN_ROOT, as the session will resolve it) and a final
+//! component is never followed. A path is read as podman reads it: a leading
+//! `/` is dropped and `a/../b` is `b`. What is refused, with the entry named,
+//! is what would reach past the tree or the store, or what cannot be made as
+//! the layer says (docs/oci.md, "Applying a layer", says which is which): a
+//! `..` that climbs above the root, a whiteout that names more than one entry
+//! of its directory, more bytes or entries than the limits, a hard link to a
+//! directory or to nothing, an entry type the spec does not use.
 //!
-//! The diff-id (the sha256 of the uncompressed stream, all of it) is
-//! computed as the layer is applied; the caller compares it with the image
-//! config's and throws the tree away on a mismatch, as on any error here:
-//! a refused layer leaves a half-applied tree that must not be used.
+//! Some entries are read but not written, and listed in [`Applied::skipped`]
+//! for the caller to log: device nodes (a session's devices are drums' own,
+//! and the store never holds one a stranger chose; rootless podman skips them
+//! too), a hard link to such a node, and AUFS's metadata
+//! (`.wh..wh.plnk`, `.wh..wh.aufs`, ...), which docker and podman skip.
+//! Symlinks are kept as written, whatever their target: inside the session
+//! they name its own files (a session can make any link it likes itself),
+//! and drums never follows one from the host (it opens a session's paths
+//! with `drums_sys::open_in_root`).
+//!
+//! The diff-id (the sha256 of the uncompressed stream, all of it, skipped
+//! entries included) is computed as the layer is applied; the caller
+//! compares it with the image config's and throws the tree away on a
+//! mismatch, as on any error here: a refused layer leaves a half-applied
+//! tree that must not be used.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -76,6 +87,55 @@ pub struct Applied {
     pub whiteouts: u64,
     /// What was charged against the room (see [`LayerLimits::room`]).
     pub charged: u64,
+    /// Entries read but not written, in the layer's order.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An entry of a layer that was read (its bytes are in the diff-id) and not
+/// written; what was at its path before is gone, as the layer says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// As the layer names it.
+    pub path: String,
+    pub what: Skip,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// A character or block device node. drums never makes one from a
+    /// layer: a session gets its devices from drums (its own /dev), and a
+    /// node a stranger chose (`/dev/sda`'s numbers, say) must not sit in the
+    /// host's store, where anything of the host that walks it could open it.
+    Device { block: bool, major: u32, minor: u32 },
+    /// A hard link to a device node this layer skipped.
+    LinkToDevice { target: String },
+    /// AUFS's metadata at the layer's root (`.wh..wh.plnk`, `.wh..wh.aufs`,
+    /// `.wh..wh.orph` and what is in them), or a `.wh..wh.` entry that is
+    /// not the opaque marker: nothing of the image's files.
+    WhiteoutMeta,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::Device {
+                block,
+                major,
+                minor,
+            } => write!(
+                f,
+                "a {} device node ({major}:{minor}), never made from a layer",
+                if *block { "block" } else { "character" }
+            ),
+            Skip::LinkToDevice { target } => {
+                write!(
+                    f,
+                    "a hard link to the device node {target}, which was skipped"
+                )
+            }
+            Skip::WhiteoutMeta => write!(f, "AUFS whiteout metadata, skipped as podman does"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +220,7 @@ pub fn apply_tar(root: &Path, tar: impl Read, limits: &LayerLimits) -> Result<Ap
         root: root_fd,
         root_path: root.to_owned(),
         made: HashSet::new(),
+        devices: HashMap::new(),
         dirs: Vec::new(),
     };
     for e in a.entries().map_err(LayerError::Read)? {
@@ -187,17 +248,37 @@ pub fn apply_tar(root: &Path, tar: impl Read, limits: &LayerLimits) -> Result<Ap
         let Some(p) = clean_path(&raw)? else {
             continue; // the root itself ("./")
         };
+        let skipped = |what| Skipped {
+            path: String::from_utf8_lossy(&raw).into_owned(),
+            what,
+        };
+        if in_aufs_meta(&p) {
+            out.skipped.push(skipped(Skip::WhiteoutMeta));
+            continue;
+        }
         let name = p.file_name().expect("a clean path ends in a name");
         let parent = p.parent().unwrap_or(Path::new(""));
         if let Some(rest) = name.as_bytes().strip_prefix(WHITEOUT) {
+            if name.as_bytes() != OPAQUE && rest.starts_with(WHITEOUT) {
+                // What docker and podman do with it is remove `.wh.X` in its
+                // directory: a name no layer can have made, since every
+                // `.wh.` entry is read as a whiteout.
+                out.skipped.push(skipped(Skip::WhiteoutMeta));
+                continue;
+            }
             t.whiteout(&raw, parent, name.as_bytes(), rest)?;
             out.whiteouts += 1;
             continue;
         }
         let dir = t.parent(&raw, parent)?;
         let budget = limits.max_bytes - out.bytes;
-        out.bytes += t.entry(&mut e, &raw, &p, &dir, name, budget, limits)?;
-        t.mark(&p);
+        match t.entry(&mut e, &raw, &p, &dir, name, budget, limits)? {
+            Written::Bytes(n) => {
+                out.bytes += n;
+                t.mark(&p);
+            }
+            Written::Skipped(what) => out.skipped.push(skipped(what)),
+        }
     }
     // The end-of-archive blocks and any padding after them are part of the
     // stream the diff-id covers.
@@ -215,8 +296,18 @@ struct Tree {
     /// Every path this layer made, and their ancestors: what an opaque
     /// marker keeps.
     made: HashSet<PathBuf>,
+    /// The device nodes this layer skipped, where nothing else has been put
+    /// since, and their layer paths: a hard link to one is skipped too.
+    devices: HashMap<PathBuf, String>,
     /// Directories' times, set last (their children change them).
     dirs: Vec<(PathBuf, i64)>,
+}
+
+/// What [`Tree::entry`] did with an entry.
+enum Written {
+    /// Made it; its content bytes.
+    Bytes(u64),
+    Skipped(Skip),
 }
 
 impl Tree {
@@ -244,10 +335,10 @@ impl Tree {
                     remove_all(dir.as_raw_fd(), c, &full.join(c))?;
                 }
             }
+            // A device node skipped here was never made, so it was not
+            // listed: what this layer skipped before the marker stays
+            // skipped, as what it made before the marker stays.
             return Ok(());
-        }
-        if rest.starts_with(WHITEOUT) {
-            return Err(refused(raw, "a whiteout this drums does not know"));
         }
         // What a whiteout removes is one entry of its own directory: `.wh..`
         // would be that directory, and `.wh...` its parent, which for the
@@ -259,7 +350,16 @@ impl Tree {
             ));
         }
         let rest = OsStr::from_bytes(rest);
+        self.forget_devices(&parent.join(rest));
         remove_all(dir.as_raw_fd(), rest, &full.join(rest))
+    }
+
+    /// Nothing at `p` or below is a skipped device node any more: it was
+    /// removed, or something else was put there.
+    fn forget_devices(&mut self, p: &Path) {
+        if !self.devices.is_empty() {
+            self.devices.retain(|d, _| !d.starts_with(p));
+        }
     }
 
     /// The directory `parent`, resolved in the tree; missing directories
@@ -321,8 +421,8 @@ impl Tree {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// One entry that is not a whiteout, in `dir`; returns the content bytes
-    /// it wrote.
+    /// One entry that is not a whiteout, in `dir`: what was there before it
+    /// (unless both are directories) is removed, then it is made or skipped.
     #[allow(clippy::too_many_arguments)]
     fn entry<R: Read>(
         &mut self,
@@ -333,7 +433,32 @@ impl Tree {
         name: &OsStr,
         budget: u64,
         limits: &LayerLimits,
-    ) -> Result<u64> {
+    ) -> Result<Written> {
+        // A directory over a directory keeps what is below it.
+        if e.header().entry_type() == tar::EntryType::Directory {
+            self.devices.remove(p);
+        } else {
+            self.forget_devices(p);
+        }
+        let written = self.make(e, raw, p, dir, name, budget, limits)?;
+        if let Written::Skipped(Skip::Device { .. }) = written {
+            self.devices
+                .insert(p.to_owned(), String::from_utf8_lossy(raw).into_owned());
+        }
+        Ok(written)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        p: &Path,
+        dir: &OwnedFd,
+        name: &OsStr,
+        budget: u64,
+        limits: &LayerLimits,
+    ) -> Result<Written> {
         use tar::EntryType as T;
         let full = self.root_path.join(p);
         let h = e.header();
@@ -365,7 +490,7 @@ impl Tree {
                 // A directory (checked above), so there is no link to follow.
                 chmod_at(d, name, mode, &full)?;
                 self.dirs.push((p.to_owned(), mtime));
-                Ok(0)
+                Ok(Written::Bytes(0))
             }
             T::Regular | T::Continuous => {
                 if existing.is_some() {
@@ -409,7 +534,7 @@ impl Tree {
                 let t = TimeSpec::new(mtime, 0);
                 nix::sys::stat::futimens(f.as_raw_fd(), &t, &t)
                     .map_err(io("set the times of", &full))?;
-                Ok(n)
+                Ok(Written::Bytes(n))
             }
             T::Symlink => {
                 let target = e
@@ -419,22 +544,15 @@ impl Tree {
                 if target.is_empty() {
                     return Err(refused(raw, "a symlink without a target"));
                 }
-                if climbs_above_root(p.parent().unwrap_or(Path::new("")), &target) {
-                    return Err(refused(
-                        raw,
-                        format!(
-                            "a symlink to {:?}, above the layer's root",
-                            String::from_utf8_lossy(&target)
-                        ),
-                    ));
-                }
+                // Kept as written, whatever it points at (see the module's
+                // doc): a session can make the same link itself.
                 if existing.is_some() {
                     remove_all(d, name, &full)?;
                 }
                 nix::unistd::symlinkat(OsStr::from_bytes(&target), Some(d), name)
                     .map_err(io("create the symlink", &full))?;
                 self.own_and_time(d, name, uid, gid, mtime, &full)?;
-                Ok(0)
+                Ok(Written::Bytes(0))
             }
             T::Link => {
                 let target = e
@@ -445,7 +563,23 @@ impl Tree {
                     return Err(refused(raw, "a hard link to the root"));
                 };
                 if tp == p {
-                    return Ok(0);
+                    return Ok(Written::Bytes(0));
+                }
+                if let Some(device) = self.devices.get(&tp) {
+                    let target = device.clone();
+                    if existing.is_some() {
+                        remove_all(d, name, &full)?;
+                    }
+                    return Ok(Written::Skipped(Skip::LinkToDevice { target }));
+                }
+                if in_aufs_meta(&tp) {
+                    return Err(refused(
+                        raw,
+                        format!(
+                            "a hard link into AUFS metadata ({}), which drums does not unpack",
+                            tp.display()
+                        ),
+                    ));
                 }
                 let tname = tp.file_name().expect("a clean path ends in a name");
                 let tdir = self
@@ -482,7 +616,7 @@ impl Tree {
                     AtFlags::empty(),
                 )
                 .map_err(io("link", &full))?;
-                Ok(0)
+                Ok(Written::Bytes(0))
             }
             T::Fifo => {
                 if existing.is_some() {
@@ -493,9 +627,21 @@ impl Tree {
                 self.own_and_time(d, name, uid, gid, mtime, &full)?;
                 // After the chown; a fifo just made, so no link to follow.
                 chmod_at(d, name, mode, &full)?;
-                Ok(0)
+                Ok(Written::Bytes(0))
             }
-            T::Char | T::Block => Err(refused(raw, "a device node")),
+            T::Char | T::Block => {
+                // Whatever the layers below had here goes, as the layer
+                // says; the node itself is never made.
+                if existing.is_some() {
+                    remove_all(d, name, &full)?;
+                }
+                let number = |n: std::io::Result<Option<u32>>| n.ok().flatten().unwrap_or(0);
+                Ok(Written::Skipped(Skip::Device {
+                    block: kind == T::Block,
+                    major: number(h.device_major()),
+                    minor: number(h.device_minor()),
+                }))
+            }
             other => Err(refused(
                 raw,
                 format!(
@@ -551,48 +697,42 @@ impl Tree {
     }
 }
 
-/// An entry's path as plain components, `./` dropped; `None` for the root.
+/// An entry's path (or a hard link's target) as plain components, read as
+/// podman reads it: a leading `/` and `./` dropped (the layer's root is the
+/// root), `a/../b` is `b`; `None` for the root. A `..` that would climb
+/// above the root is refused: podman refuses it too, and though every path
+/// is resolved inside the tree anyway, an entry that names a place outside
+/// it is refused before anything is resolved.
 fn clean_path(raw: &[u8]) -> Result<Option<PathBuf>> {
     if raw.contains(&0) {
         return Err(refused(raw, "a NUL in its path"));
-    }
-    if raw.starts_with(b"/") {
-        return Err(refused(raw, "an absolute path"));
     }
     let mut out = PathBuf::new();
     for c in Path::new(OsStr::from_bytes(raw)).components() {
         match c {
             Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            Component::ParentDir => return Err(refused(raw, "a \"..\" in its path")),
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(refused(raw, "an absolute path"))
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return Err(refused(raw, "a \"..\" that climbs above the layer's root"));
+                }
             }
         }
     }
     Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
-/// A relative symlink target in `dir` that, read as written, climbs above
-/// the root.
-fn climbs_above_root(dir: &Path, target: &[u8]) -> bool {
-    if target.starts_with(b"/") {
-        return false;
-    }
-    let mut depth = dir.components().count() as i64;
-    for c in Path::new(OsStr::from_bytes(target)).components() {
-        match c {
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return true;
-                }
-            }
-            Component::Normal(_) => depth += 1,
-            _ => {}
+/// Whether `p` is AUFS's metadata: a first component that starts with
+/// `.wh..wh.`, other than the root's opaque marker.
+fn in_aufs_meta(p: &Path) -> bool {
+    let mut c = p.components();
+    match c.next() {
+        Some(Component::Normal(first)) => {
+            first.as_bytes().starts_with(b".wh..wh.")
+                && !(first.as_bytes() == OPAQUE && c.next().is_none())
         }
+        _ => false,
     }
-    false
 }
 
 /// The xattrs a layer may set on a file: file capabilities (`ping`) and the
@@ -707,4 +847,70 @@ fn single_name(name: &[u8]) -> bool {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clean(raw: &str) -> std::result::Result<Option<String>, String> {
+        clean_path(raw.as_bytes())
+            .map(|p| p.map(|p| p.display().to_string()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn paths_are_read_as_podman_reads_them() {
+        for (raw, want) in [
+            ("etc/passwd", Some("etc/passwd")),
+            ("./etc/passwd", Some("etc/passwd")),
+            ("/etc/passwd", Some("etc/passwd")),
+            ("//etc//./passwd/", Some("etc/passwd")),
+            ("a/../b", Some("b")),
+            ("a/b/../../c", Some("c")),
+            ("./", None),
+            ("/", None),
+            ("a/..", None),
+        ] {
+            assert_eq!(clean(raw), Ok(want.map(str::to_owned)), "{raw}");
+        }
+        for raw in ["..", "../x", "a/../../x", "/../etc/shadow", "./a/../.."] {
+            let e = clean(raw).unwrap_err();
+            assert!(e.contains("climbs above the layer's root"), "{raw}: {e}");
+        }
+        assert!(clean_path(b"a\0b").is_err());
+    }
+
+    #[test]
+    fn aufs_metadata_is_what_starts_with_wh_wh_at_the_root_but_the_opaque_marker() {
+        for p in [
+            ".wh..wh.plnk",
+            ".wh..wh.plnk/1.2",
+            ".wh..wh.aufs",
+            ".wh..wh.orph/x",
+            ".wh..wh..opq/x",
+        ] {
+            assert!(in_aufs_meta(Path::new(p)), "{p}");
+        }
+        for p in [".wh..wh..opq", "d/.wh..wh.plnk", ".wh.x", "etc"] {
+            assert!(!in_aufs_meta(Path::new(p)), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_skip_says_what_was_not_written_and_why() {
+        let d = Skip::Device {
+            block: false,
+            major: 5,
+            minor: 1,
+        };
+        assert_eq!(
+            d.to_string(),
+            "a character device node (5:1), never made from a layer"
+        );
+        let l = Skip::LinkToDevice {
+            target: "dev/console".into(),
+        };
+        assert!(l.to_string().contains("dev/console"));
+    }
 }

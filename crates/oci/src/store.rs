@@ -250,6 +250,16 @@ impl OciStore {
             let _ = drums_store::delete_subvolume(&dst);
             return Err(e.into());
         }
+        for s in &applied.skipped {
+            // Said once per layer stored: a layer already in the store is
+            // not applied again.
+            tracing::warn!(
+                chain_id,
+                "layer {diff_id}: entry {} not written: {}",
+                s.path,
+                s.what
+            );
+        }
         Ok((row, applied.charged))
     }
 

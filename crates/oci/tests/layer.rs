@@ -326,22 +326,19 @@ fn bad_layers_are_refused_with_the_entry_named_and_nothing_outside_changes() {
         .end();
     let cases: Vec<(&str, Vec<u8>, LayerLimits, &str)> = vec![
         (
-            "absolute path",
-            Layer::default().file("/etc/x", 0o644, (0, 0), b"").end(),
-            LayerLimits::default(),
-            "absolute",
-        ),
-        (
-            "dot-dot",
+            "dot-dot above the root",
             Layer::default().file("a/../../x", 0o644, (0, 0), b"").end(),
             LayerLimits::default(),
             "\"..\"",
         ),
         (
-            "symlink above the root",
-            Layer::default().symlink("a/l", "../../x").end(),
+            "hard link into AUFS metadata",
+            Layer::default()
+                .file(".wh..wh.plnk/1.2", 0o644, (0, 0), b"")
+                .hardlink("a", ".wh..wh.plnk/1.2")
+                .end(),
             LayerLimits::default(),
-            "above the layer's root",
+            "AUFS",
         ),
         (
             "hard link to nothing",
@@ -360,22 +357,6 @@ fn bad_layers_are_refused_with_the_entry_named_and_nothing_outside_changes() {
             Layer::default().hardlink("a", "../../etc/shadow").end(),
             LayerLimits::default(),
             "\"..\"",
-        ),
-        (
-            "char device",
-            Layer::default()
-                .raw(b"null", T::Char, 0o666, (0, 0), b"", b"", (1, 3))
-                .end(),
-            LayerLimits::default(),
-            "device node",
-        ),
-        (
-            "block device",
-            Layer::default()
-                .raw(b"sda", T::Block, 0o660, (0, 0), b"", b"", (8, 0))
-                .end(),
-            LayerLimits::default(),
-            "device node",
         ),
         (
             "unknown entry type",
@@ -510,4 +491,188 @@ fn a_layer_is_charged_what_it_writes_against_its_room() {
     let root = tempfile::tempdir().unwrap();
     let e = apply(root.path(), &many[..], &room(19 * ENTRY_BYTES)).unwrap_err();
     assert!(matches!(e, LayerError::NoRoom { .. }), "{e}");
+}
+
+/// Every character or block device below `dir` (not following links).
+fn devices(dir: &Path) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| {
+            let t = std::fs::symlink_metadata(dir.join(p)).unwrap().file_type();
+            t.is_char_device() || t.is_block_device()
+        })
+        .collect()
+}
+
+/// A layer from a debootstrap root holds `/dev/console`; others hold block
+/// devices and hard links to them. The layer is applied, no node is made
+/// (what was at its path before is gone, as the layer says), a hard link to
+/// a skipped node is skipped too, each is listed with why, and the diff-id
+/// is still the whole stream's. A fifo is made.
+#[test]
+fn device_nodes_are_skipped_never_made_and_the_diff_id_is_the_whole_streams() {
+    need_root();
+    use drums_oci::{Skip, Skipped};
+    use tar::EntryType as T;
+    let base = Layer::default()
+        .file("dev/console", 0o644, (0, 0), b"a file, below")
+        .file("dev/sda", 0o644, (0, 0), b"a file, below")
+        .end();
+    let stream = Layer::default()
+        .dir("dev", 0o755)
+        .raw(b"dev/console", T::Char, 0o600, (0, 5), b"", b"", (5, 1))
+        .raw(b"./dev/sda", T::Block, 0o660, (0, 6), b"", b"", (8, 0))
+        .hardlink("dev/console-again", "dev/console")
+        .hardlink("dev/sda-again", "/dev/sda")
+        .raw(b"run/initctl", T::Fifo, 0o600, (0, 0), b"", b"", (0, 0))
+        .file("dev/after", 0o644, (0, 0), b"after")
+        .end();
+    for (how, blob) in [("plain", stream.clone()), ("gzip", gzip(&stream))] {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        apply(r, &base[..], &LayerLimits::default()).unwrap();
+        let a = apply(r, &blob[..], &LayerLimits::default()).unwrap();
+        assert_eq!(a.diff_id, sha(&stream), "{how}: the whole stream's");
+        assert_eq!(
+            a.skipped,
+            vec![
+                Skipped {
+                    path: "dev/console".into(),
+                    what: Skip::Device {
+                        block: false,
+                        major: 5,
+                        minor: 1
+                    }
+                },
+                Skipped {
+                    path: "./dev/sda".into(),
+                    what: Skip::Device {
+                        block: true,
+                        major: 8,
+                        minor: 0
+                    }
+                },
+                Skipped {
+                    path: "dev/console-again".into(),
+                    what: Skip::LinkToDevice {
+                        target: "dev/console".into()
+                    }
+                },
+                Skipped {
+                    path: "dev/sda-again".into(),
+                    what: Skip::LinkToDevice {
+                        target: "./dev/sda".into()
+                    }
+                },
+            ],
+            "{how}"
+        );
+        assert!(devices(r).is_empty(), "{how}: {:?}", devices(r));
+        assert_eq!(tree(r), ["dev", "dev/after", "run", "run/initctl"], "{how}");
+        assert!(std::fs::symlink_metadata(r.join("run/initctl"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+    }
+}
+
+/// Once something real is put where a device node was skipped, a hard link
+/// there links to it; once a whiteout removed the skipped node, a hard link
+/// to it is to nothing, as to any removed file.
+#[test]
+fn a_skipped_device_node_stops_counting_once_its_path_is_reused_or_whited_out() {
+    need_root();
+    use tar::EntryType as T;
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let reused = Layer::default()
+        .raw(b"dev/null", T::Char, 0o666, (0, 0), b"", b"", (1, 3))
+        .file("dev/null", 0o644, (0, 0), b"a file now")
+        .hardlink("dev/null-link", "dev/null")
+        .end();
+    let a = apply(r, &reused[..], &LayerLimits::default()).unwrap();
+    assert_eq!(a.skipped.len(), 1, "{:?}", a.skipped);
+    assert_eq!(
+        std::fs::metadata(r.join("dev/null-link")).unwrap().ino(),
+        std::fs::metadata(r.join("dev/null")).unwrap().ino()
+    );
+    let whited = Layer::default()
+        .raw(b"dev/zero", T::Char, 0o666, (0, 0), b"", b"", (1, 5))
+        .file("dev/.wh.zero", 0o644, (0, 0), b"")
+        .hardlink("dev/zero-link", "dev/zero")
+        .end();
+    let e = apply(r, &whited[..], &LayerLimits::default()).unwrap_err();
+    assert!(
+        matches!(e, LayerError::Refused { ref path, .. } if path == "dev/zero-link"),
+        "{e}"
+    );
+    assert!(devices(r).is_empty(), "{:?}", devices(r));
+}
+
+/// Paths are read as podman reads them: a leading `/` is the layer's root,
+/// `a/../b` is `b` (only a `..` above the root is refused, above). A symlink
+/// is kept as written, one that climbs above the root too: the session can
+/// make such a link itself, and every later entry through it is resolved
+/// inside the tree.
+#[test]
+fn absolute_paths_dot_dots_inside_and_climbing_symlinks_are_read_as_podman_reads_them() {
+    need_root();
+    let outside = tempfile::tempdir().unwrap();
+    let root = outside.path().join("tree");
+    std::fs::create_dir(&root).unwrap();
+    let r = root.as_path();
+    let stream = Layer::default()
+        .file("/etc/abs", 0o644, (0, 0), b"abs")
+        .hardlink("etc/abs-link", "/etc/abs")
+        .file("a/../b", 0o644, (0, 0), b"b")
+        .symlink("up/l", "../../..")
+        .file("up/l/x/through", 0o644, (0, 0), b"through")
+        .end();
+    let a = apply(r, &stream[..], &LayerLimits::default()).unwrap();
+    assert!(a.skipped.is_empty(), "{:?}", a.skipped);
+    assert_eq!(read(&r.join("etc/abs")), "abs");
+    assert_eq!(
+        std::fs::metadata(r.join("etc/abs-link")).unwrap().ino(),
+        std::fs::metadata(r.join("etc/abs")).unwrap().ino()
+    );
+    assert_eq!(read(&r.join("b")), "b");
+    assert!(!r.join("a").exists());
+    assert_eq!(
+        std::fs::read_link(r.join("up/l")).unwrap(),
+        Path::new("../../..")
+    );
+    // `up/l/x/through`: the link climbs to the tree's root, not past it.
+    assert_eq!(read(&r.join("x/through")), "through");
+    assert!(
+        tree(outside.path()).iter().all(|p| p.starts_with("tree")),
+        "wrote outside the tree: {:?}",
+        tree(outside.path())
+    );
+}
+
+/// AUFS's metadata at the root (docker's `.wh..wh.plnk`, `.wh..wh.aufs`)
+/// and a `.wh..wh.` entry that is not the opaque marker are read past and
+/// listed, as docker and podman skip them; the opaque marker still works.
+#[test]
+fn aufs_metadata_is_skipped_and_the_opaque_marker_still_hides() {
+    need_root();
+    use drums_oci::Skip;
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let base = Layer::default().file("d/old", 0o644, (0, 0), b"").end();
+    apply(r, &base[..], &LayerLimits::default()).unwrap();
+    let stream = Layer::default()
+        .dir(".wh..wh.plnk", 0o700)
+        .file(".wh..wh.plnk/12.34", 0o644, (0, 0), b"x")
+        .file(".wh..wh.aufs", 0o600, (0, 0), b"")
+        .file("d/.wh..wh.other", 0o644, (0, 0), b"")
+        .file("d/.wh..wh..opq", 0o644, (0, 0), b"")
+        .file("d/new", 0o644, (0, 0), b"")
+        .end();
+    let a = apply(r, &stream[..], &LayerLimits::default()).unwrap();
+    assert_eq!(a.skipped.len(), 4, "{:?}", a.skipped);
+    assert!(a.skipped.iter().all(|s| s.what == Skip::WhiteoutMeta));
+    assert_eq!(a.whiteouts, 1);
+    assert_eq!(a.bytes, 0, "nothing of the metadata was written");
+    assert_eq!(tree(r), ["d", "d/new"]);
 }

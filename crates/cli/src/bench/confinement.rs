@@ -5,13 +5,9 @@
 //! the median of the per-round ratios.
 
 use drums_api::{Client, CreateSession, Session};
-use hyper::Method;
 use serde_json::json;
 
-use super::{
-    create_with as timed_create, delete_checkpoint, percentile, remove, restore_n, sh, wait_port,
-    WORKLOAD,
-};
+use super::{percentile, restore_n, sh, wait_port, Made, WORKLOAD};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -34,16 +30,22 @@ fn request(profile: &str, privileged: bool) -> CreateSession {
     }
 }
 
+/// A session made from `req`, and the seconds until it was ready.
+async fn timed_create(m: &Made<'_>, req: &CreateSession) -> Result<(Session, f64), Failure> {
+    m.create_with(req).await
+}
+
 /// One sibling of `ck`, and the seconds until it was ready.
-async fn timed_restore(c: &Client, ck: &str) -> Result<(Session, f64), Failure> {
-    let (mut v, t) = restore_n(c, ck, 1).await?;
+async fn timed_restore(m: &Made<'_>, ck: &str) -> Result<(Session, f64), Failure> {
+    let (mut v, t) = restore_n(m, ck, 1).await?;
     Ok((v.remove(0), t))
 }
 
 /// The checkpoint each arm restores from: a warm headless session (the
 /// restore bench's Python server), or a clean desktop (the OSWorld reset).
-async fn checkpoint(c: &Client, profile: &str, privileged: bool) -> Result<String, Failure> {
-    let (src, _) = timed_create(c, &request(profile, privileged)).await?;
+async fn checkpoint(m: &Made<'_>, profile: &str, privileged: bool) -> Result<String, Failure> {
+    let c = m.client();
+    let (src, _) = timed_create(m, &request(profile, privileged)).await?;
     let desktop = profile == "desktop";
     if !desktop {
         sh(c, &src, WORKLOAD).await?;
@@ -55,8 +57,8 @@ async fn checkpoint(c: &Client, profile: &str, privileged: bool) -> Result<Strin
         clean: desktop,
         leave_running: true,
     };
-    let ck: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
-    remove(c, &src).await?;
+    let ck = m.checkpoint(&req).await?;
+    m.remove(&src).await?;
     Ok(ck.id)
 }
 
@@ -69,27 +71,38 @@ pub async fn confinement(
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
+    let m = Made::new(c);
+    let r = confinement_in(&m, profile, n, as_json).await;
+    m.finish(r).await
+}
+
+async fn confinement_in(
+    m: &Made<'_>,
+    profile: &str,
+    n: usize,
+    as_json: bool,
+) -> Result<i32, Failure> {
     let arms = [false, true]; // hardened, privileged
     let mut cks = Vec::new();
     for privileged in arms {
-        cks.push(checkpoint(c, profile, privileged).await?);
+        cks.push(checkpoint(m, profile, privileged).await?);
     }
     // One unmeasured round of each arm warms caches and the daemon's paths.
     for (i, privileged) in arms.into_iter().enumerate() {
-        let (s, _) = timed_create(c, &request(profile, privileged)).await?;
-        remove(c, &s).await?;
-        let (s, _) = timed_restore(c, &cks[i]).await?;
-        remove(c, &s).await?;
+        let (s, _) = timed_create(m, &request(profile, privileged)).await?;
+        m.remove(&s).await?;
+        let (s, _) = timed_restore(m, &cks[i]).await?;
+        m.remove(&s).await?;
     }
     let mut samples = [Samples::default(), Samples::default()];
     for round in 0..n {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
-            let (s, t) = timed_create(c, &request(profile, arms[i])).await?;
-            remove(c, &s).await?;
+            let (s, t) = timed_create(m, &request(profile, arms[i])).await?;
+            m.remove(&s).await?;
             samples[i].start.push(t);
-            let (s, t) = timed_restore(c, &cks[i]).await?;
-            remove(c, &s).await?;
+            let (s, t) = timed_restore(m, &cks[i]).await?;
+            m.remove(&s).await?;
             samples[i].restore.push(t);
         }
         if !as_json {
@@ -105,7 +118,7 @@ pub async fn confinement(
         eprintln!();
     }
     for ck in &cks {
-        delete_checkpoint(c, ck).await?;
+        m.delete_checkpoint(ck).await?;
     }
 
     let stats = |v: &[f64]| {

@@ -10,9 +10,7 @@ use drums_api::{Client, Session};
 use hyper::Method;
 use serde_json::json;
 
-use super::{
-    checkpoints, create, delete_checkpoint, memory_slope, percentile, remove, restore_n, Arm,
-};
+use super::{checkpoints, create, memory_slope, percentile, restore_n, Arm, Made};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -35,9 +33,13 @@ fn drop_page_cache() -> Result<(), Failure> {
     })
 }
 
-/// The in-session half of a restore again, on a restored sibling, through
-/// its guest agent: hostname and machine-id, the browser's clean reset, and
-/// agent-readiness. What a restore pays for not being a clone.
+/// The in-session half of a restore again, on a restored sibling, done as
+/// drumsd's restore does it (`crates/session/src/restore.rs`, `hygiene`):
+/// the hostname set in the session's UTS namespace from outside, since a
+/// confined session may not call sethostname itself; then, through its
+/// guest agent, hostname and machine-id files and the generation, the
+/// browser's clean reset, and agent-readiness. What a restore pays for not
+/// being a clone.
 async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     let pid = s
         .init_pid
@@ -45,11 +47,26 @@ async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     let guest = Client::in_root(format!("/proc/{pid}/root"), "/run/drums/guest.sock");
     let hostname = format!("bench-{round}");
     let t = Instant::now();
+    let h = hostname.clone();
+    tokio::task::spawn_blocking(move || drums_sys::set_hostname_in(pid, &h))
+        .await
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("set the hostname: {e}")))?
+        .map_err(|e| {
+            Failure::new(
+                exit::INTERNAL,
+                format!("set the hostname of session {} from outside: {e}", s.id),
+            )
+        })?;
     let _: serde_json::Value = guest
         .json(
             Method::POST,
             "/v1/hygiene",
-            Some(&json!({"hostname": hostname, "machine_id": format!("{:032x}", round + 1), "generation": s.generation + 1})),
+            Some(&json!({
+                "hostname": hostname,
+                "machine_id": format!("{:032x}", round + 1),
+                "generation": s.generation + 1,
+                "ip": s.ip,
+            })),
         )
         .await?;
     let _: serde_json::Value = guest
@@ -65,32 +82,32 @@ async fn hygiene_cost(s: &Session, round: usize) -> Result<f64, Failure> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
-    let say = |m: String| {
+pub(super) async fn restore(m: &Made<'_>, n: usize, as_json: bool) -> Result<i32, Failure> {
+    let say = |line: String| {
         if !as_json {
-            eprintln!("{m}");
+            eprintln!("{line}");
         }
     };
-    let (src, _) = create(c, "desktop").await?;
+    let (src, _) = create(m, "desktop").await?;
     // Dump time: a few clean checkpoints of the warm desktop; the last one
     // stops the source and is kept.
-    let (dumps, ck) = checkpoints(c, &src, 3, true, false).await?;
+    let (dumps, ck) = checkpoints(m, &src, 3, true, false).await?;
     // Warm-up of both arms.
-    let (s, _) = create(c, "desktop").await?;
-    remove(c, &s).await?;
-    let (v, _) = restore_n(c, &ck.id, 1).await?;
-    remove(c, &v[0]).await?;
+    let (s, _) = create(m, "desktop").await?;
+    m.remove(&s).await?;
+    let (v, _) = restore_n(m, &ck.id, 1).await?;
+    m.remove(&v[0]).await?;
 
     let (mut cold, mut warm) = (Vec::new(), Vec::new());
     let mut hygiene = Vec::new();
     for i in 0..n {
-        let (s, t) = create(c, "desktop").await?;
-        remove(c, &s).await?;
+        let (s, t) = create(m, "desktop").await?;
+        m.remove(&s).await?;
         cold.push(t);
-        let (v, t) = restore_n(c, &ck.id, 1).await?;
+        let (v, t) = restore_n(m, &ck.id, 1).await?;
         warm.push(t);
         hygiene.push(hygiene_cost(&v[0], i).await?);
-        remove(c, &v[0]).await?;
+        m.remove(&v[0]).await?;
         if !as_json {
             eprint!(
                 "\r\x1b[Kwarm round {}/{n}: cold {:.0} ms, restore {:.0} ms",
@@ -105,12 +122,12 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
     let (mut cold_d, mut warm_d) = (Vec::new(), Vec::new());
     for i in 0..nd {
         drop_page_cache()?;
-        let (s, t) = create(c, "desktop").await?;
-        remove(c, &s).await?;
+        let (s, t) = create(m, "desktop").await?;
+        m.remove(&s).await?;
         cold_d.push(t);
         drop_page_cache()?;
-        let (v, t) = restore_n(c, &ck.id, 1).await?;
-        remove(c, &v[0]).await?;
+        let (v, t) = restore_n(m, &ck.id, 1).await?;
+        m.remove(&v[0]).await?;
         warm_d.push(t);
         if !as_json {
             eprint!(
@@ -124,19 +141,19 @@ pub async fn restore(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
     say(String::new());
     let mut forks = Vec::new();
     for _ in 0..3 {
-        let (v, t) = restore_n(c, &ck.id, 4).await?;
+        let (v, t) = restore_n(m, &ck.id, 4).await?;
         for s in &v {
-            remove(c, s).await?;
+            m.remove(s).await?;
         }
         forks.push(t);
         say(format!("fork of 4: all agent-ready in {:.0} ms", t * 1e3));
     }
     say("memory: cold desktops".into());
-    let (cold_slope, cold_cg, cold_pss) = memory_slope(c, &[1, 2, 4], Arm::Cold("desktop")).await?;
+    let (cold_slope, cold_cg, cold_pss) = memory_slope(m, &[1, 2, 4], Arm::Cold("desktop")).await?;
     say("memory: restored siblings".into());
     let (warm_slope, warm_cg, warm_pss) =
-        memory_slope(c, &[1, 2, 4], Arm::Restored(&ck.id)).await?;
-    delete_checkpoint(c, &ck.id).await?;
+        memory_slope(m, &[1, 2, 4], Arm::Restored(&ck.id)).await?;
+    m.delete_checkpoint(&ck.id).await?;
 
     let sorted = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));

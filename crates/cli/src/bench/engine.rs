@@ -70,7 +70,7 @@ use futures::future::join_all;
 use hyper::Method;
 use serde_json::{json, Map, Value};
 
-use super::{create, percentile, progress, remove, respawn, sh, turn_begin};
+use super::{create, percentile, progress, respawn, sh, turn_begin, Made};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -168,15 +168,12 @@ pub async fn engine(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     }
     // Everything a part creates is removed after it, also when it failed;
     // its versions go with their sessions.
-    let mut live = Vec::new();
-    let versions = versions_part(c, n, as_json, &mut live).await;
-    let cleaned = remove_all(c, &mut live).await;
-    let versions = versions?;
-    cleaned?;
-    let queue = queue_part(c, n, as_json, &mut live).await;
-    let cleaned = remove_all(c, &mut live).await;
-    let queue = queue?;
-    cleaned?;
+    let m = Made::new(c);
+    let r = versions_part(&m, n, as_json).await;
+    let versions = m.finish(r).await?;
+    let m = Made::new(c);
+    let r = queue_part(&m, n, as_json).await;
+    let queue = m.finish(r).await?;
 
     if as_json {
         println!(
@@ -192,17 +189,6 @@ pub async fn engine(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     } else {
         exit::OK
     })
-}
-
-/// Removes every session in `live`, going on past failures; the first one.
-async fn remove_all(c: &Client, live: &mut Vec<Session>) -> Result<(), Failure> {
-    let mut first = None;
-    for s in live.drain(..) {
-        if let Err(e) = remove(c, &s).await {
-            first.get_or_insert(e);
-        }
-    }
-    first.map_or(Ok(()), Err)
 }
 
 async fn end(c: &Client, s: &Session, wait: bool) -> Result<TurnEffects, Failure> {
@@ -368,15 +354,12 @@ async fn rollback(c: &Client, s: &Session, number: u64) -> Result<f64, Failure> 
     Ok(t.elapsed().as_secs_f64())
 }
 
-async fn versions_part(
-    c: &Client,
-    n: usize,
-    as_json: bool,
-    live: &mut Vec<Session>,
-) -> Result<Versions, Failure> {
+async fn versions_part(m: &Made<'_>, n: usize, as_json: bool) -> Result<Versions, Failure> {
+    let c = m.client();
+    let mut live = Vec::new();
     for profile in PROFILES {
         progress(as_json, format!("creating a {profile} session"));
-        live.push(create(c, profile).await?.0);
+        live.push(create(m, profile).await?.0);
     }
     let sessions = [live[0].clone(), live[1].clone()];
     // The first version of a session is full whatever its turn did.
@@ -556,12 +539,9 @@ async fn one_round(
     })
 }
 
-async fn queue_part(
-    c: &Client,
-    n: usize,
-    as_json: bool,
-    live: &mut Vec<Session>,
-) -> Result<Queue, Failure> {
+async fn queue_part(m: &Made<'_>, n: usize, as_json: bool) -> Result<Queue, Failure> {
+    let c = m.client();
+    let mut live = Vec::new();
     let mut q = Queue::default();
     let most = QUEUE_SIZES[QUEUE_SIZES.len() - 1];
     while live.len() < most {
@@ -569,7 +549,7 @@ async fn queue_part(
             as_json,
             format!("queue: creating session {}/{most}", live.len() + 1),
         );
-        match create(c, "headless").await {
+        match create(m, "headless").await {
             Ok((s, _)) => live.push(s),
             Err(e) => {
                 q.stopped = Some(format!(

@@ -33,7 +33,7 @@ use tokio::process::Command;
 
 use self::layout::{Layer, Layout};
 use self::registry::{Registry, REGISTRY_BIN};
-use super::{percentile, progress};
+use super::{percentile, progress, Made};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -83,18 +83,21 @@ pub async fn image(c: &Client, base: &Path, n: usize, as_json: bool) -> Result<i
             .map_err(|e| Failure::new(exit::INTERNAL, format!("find this drums binary: {e}")))?,
         socket: c.socket().to_owned(),
     };
-    let mut made = Made::default();
+    let m = Made::new(c);
+    let mut stores = Stores::default();
     let result = run(
-        c,
+        &m,
         &tools,
         base,
         Path::new(&v.state_dir),
         n,
         as_json,
-        &mut made,
+        &mut stores,
     )
     .await;
-    made.remove_all(&tools).await;
+    // Sessions first: an image is not removed while a session uses it.
+    let result = m.finish(result.map_err(Failure::from)).await;
+    stores.remove_all(&tools).await;
     let report = result?;
     report.print(n, as_json);
     Ok(exit::OK)
@@ -261,24 +264,19 @@ async fn absent(cmd: &mut Command) {
     let _ = timed(cmd).await;
 }
 
-/// What the bench made in drums and podman: removed at the end whatever
-/// happened, and said so on stderr when that fails.
+/// What the bench made in the image stores, drums' and podman's, and in
+/// podman: removed at the end whatever happened, and said so on stderr when
+/// that fails. (Its drums sessions are recorded in the benches' [`Made`].)
 #[derive(Default)]
-struct Made {
-    sessions: BTreeSet<String>,
+struct Stores {
     containers: BTreeSet<String>,
     drums_images: BTreeSet<String>,
     podman_images: BTreeSet<String>,
 }
 
-impl Made {
+impl Stores {
     async fn remove_all(&mut self, t: &Tools) {
         let mut failed = Vec::new();
-        for s in std::mem::take(&mut self.sessions) {
-            if let Err(e) = timed(&mut t.drums(["rm", &s])).await {
-                failed.push(e);
-            }
-        }
         for c in std::mem::take(&mut self.containers) {
             if let Err(e) = timed(&mut cmd("podman", ["rm", "-f", "-t", "0", &c])).await {
                 failed.push(e);
@@ -346,13 +344,13 @@ fn noise(seed: u64) -> Vec<u8> {
 }
 
 async fn run(
-    c: &Client,
+    m: &Made<'_>,
     t: &Tools,
     base: &Path,
     state_dir: &Path,
     n: usize,
     as_json: bool,
-    made: &mut Made,
+    made: &mut Stores,
 ) -> Result<Report> {
     let say = |m: String| {
         if !as_json {
@@ -379,7 +377,7 @@ async fn run(
     let reference = format!("{}/bench/base:v1", reg.addr());
 
     let pull = pull_rounds(t, &reference, work.path(), n, as_json, made).await?;
-    let (create, exec) = create_rounds(t, &reference, n, as_json, made).await?;
+    let (create, exec) = create_rounds(m, t, &reference, n, as_json, made).await?;
     say("a session's root: overlay against snapshot ...".into());
     let chains =
         drums_oci::chain_ids(&[images.rootfs.diff_id.clone(), images.small.diff_id.clone()]);
@@ -401,7 +399,7 @@ async fn run(
     let refs: Vec<String> = (0..DISK_IMAGES)
         .map(|k| format!("{}/bench/disk:d{k}", reg.addr()))
         .collect();
-    let disk = disk(c, t, &refs, state_dir, as_json, made).await?;
+    let disk = disk(m.client(), t, &refs, state_dir, as_json, made).await?;
     Ok(Report {
         base_layers: [images.rootfs, images.small],
         pull,
@@ -421,7 +419,7 @@ async fn pull_rounds(
     work: &Path,
     n: usize,
     as_json: bool,
-    made: &mut Made,
+    made: &mut Stores,
 ) -> Result<Arms> {
     let (oci, bundle) = (work.join("skopeo-oci"), work.join("umoci-bundle"));
     let oci_ref = format!("{}:bench", oci.display());
@@ -488,7 +486,7 @@ async fn import_rounds(
     work: &Path,
     n: usize,
     as_json: bool,
-    made: &mut Made,
+    made: &mut Stores,
 ) -> Result<Arms> {
     let archive = work.join("image.oci.tar");
     let copy = [
@@ -586,11 +584,12 @@ fn remove_tree(p: &Path) -> Result<()> {
 /// drums' session (no network, as podman's arm; and on its default bridge)
 /// against a podman container, each ready and then `exec true` in it.
 async fn create_rounds(
+    m: &Made<'_>,
     t: &Tools,
     reference: &str,
     n: usize,
     as_json: bool,
-    made: &mut Made,
+    made: &mut Stores,
 ) -> Result<(Arms, Arms)> {
     let name = format!("drums-bench-image-{}", std::process::id());
     let (mut create, mut exec) = (Arms::default(), Arms::default());
@@ -606,10 +605,10 @@ async fn create_rounds(
                     "drums_bridge"
                 };
                 let (id, secs) = timed(&mut t.drums(args)).await?;
-                made.sessions.insert(id.clone());
+                m.adopt_session(&id);
                 let (_, e) = timed(&mut t.drums(["exec", &id, "--", "true"])).await?;
                 timed(&mut t.drums(["rm", &id])).await?;
-                made.sessions.remove(&id);
+                m.forget_session(&id);
                 (key, secs, e)
             } else {
                 made.containers.insert(name.clone());
@@ -644,7 +643,7 @@ async fn disk(
     refs: &[String],
     state_dir: &Path,
     as_json: bool,
-    made: &mut Made,
+    made: &mut Stores,
 ) -> Result<Disk> {
     let store = state_dir.join("store");
     let graph = timed(&mut cmd(

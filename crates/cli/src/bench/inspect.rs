@@ -14,7 +14,7 @@ use drums_api::{Client, Session, TurnClass, TurnEffects};
 use hyper::Method;
 use serde_json::json;
 
-use super::{create, percentile, remove, sh, turn_begin};
+use super::{create, percentile, sh, turn_begin, Made};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -118,10 +118,9 @@ fn paired(on: &Stats, off: &Stats) -> f64 {
 
 pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
     let turns = corpus().map_err(|e| Failure::new(exit::INTERNAL, e))?;
-    let (s, _) = create(c, "headless").await?;
-    let result = run(c, &s, n, &turns).await;
-    remove(c, &s).await?;
-    let (overhead, latency, corpus) = result?;
+    let m = Made::new(c);
+    let r = run(&m, n, &turns).await;
+    let (overhead, latency, corpus) = m.finish(r).await?;
 
     let ratio = |on: &Stats, off: &Stats| on.p50 / off.p50;
     let [(file_off, file_on), (fork_off, fork_on)] = overhead;
@@ -206,11 +205,13 @@ fn pct(v: &[f64], p: f64) -> f64 {
 type Overhead = [(Stats, Stats); 2];
 
 async fn run(
-    c: &Client,
-    s: &Session,
+    m: &Made<'_>,
     n: usize,
     turns: &[(TurnClass, &str)],
 ) -> Result<(Overhead, (Vec<f64>, Vec<f64>), Confusion), Failure> {
+    let c = m.client();
+    let (s, _) = create(m, "headless").await?;
+    let s = &s;
     // Warm the page cache and Python's imports for both arms alike.
     seconds(c, s, FILE_LOOP).await?;
     seconds(c, s, FORK_LOOP).await?;
@@ -255,13 +256,15 @@ async fn run(
     }
     stop(c, s).await?;
 
-    let (cs, _) = create(c, "headless").await?;
-    let confusion = run_corpus(c, &cs, turns).await;
-    remove(c, &cs).await?;
+    // The corpus in a fresh session: nothing of the workloads above in it.
+    m.remove(s).await?;
+    let (cs, _) = create(m, "headless").await?;
+    let confusion = run_corpus(c, &cs, turns).await?;
+    m.remove(&cs).await?;
     Ok((
         [(file_off, file_on), (fork_off, fork_on)],
         (server, client),
-        confusion?,
+        confusion,
     ))
 }
 

@@ -39,7 +39,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{create, percentile, remove, sh};
+use super::{create, percentile, sh, Made};
 use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
@@ -64,18 +64,9 @@ pub async fn proxy(
         return Err(Failure::usage("-n must be at least 1"));
     }
     let mock = start_mock(mock_port).await?;
-    let mut live = Vec::new();
-    let r = run(c, n, turns, at, mock, as_json, &mut live).await;
-    let mut first = None;
-    for s in live.drain(..) {
-        if let Err(e) = remove(c, &s).await {
-            first.get_or_insert(e);
-        }
-    }
-    let out = r?;
-    if let Some(e) = first {
-        return Err(e);
-    }
+    let m = Made::new(c);
+    let r = run(&m, n, turns, at, mock, as_json).await;
+    let out = m.finish(r).await?;
     if as_json {
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
     } else {
@@ -84,15 +75,16 @@ pub async fn proxy(
     Ok(exit::OK)
 }
 
+/// Its sessions are removed by the caller, with what `m` recorded.
 async fn run(
-    c: &Client,
+    m: &Made<'_>,
     n: usize,
     turns: usize,
     at: SocketAddr,
     mock: SocketAddr,
     as_json: bool,
-    live: &mut Vec<Session>,
 ) -> Result<Value, Failure> {
+    let c = m.client();
     let progress = |m: &str| super::progress(as_json, m);
     // The proxy must reach this mock.
     let mut probe = Conn::open(at).await?;
@@ -110,8 +102,9 @@ async fn run(
     out.insert("n".into(), json!(n));
 
     progress("creating sessions");
+    let mut live = Vec::new();
     for _ in 0..SESSIONS {
-        live.push(create(c, "headless").await?.0);
+        live.push(create(m, "headless").await?.0);
     }
     let first = live[0].name.clone();
 
