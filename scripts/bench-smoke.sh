@@ -163,8 +163,9 @@ declare -A argv=(
   [engine]="bench engine -n 1"
   [proxy]="bench proxy -n 1 --turns 1 --proxy 127.0.0.1:$proxy_port --mock-port $mock_port"
   [image]="bench image -n 1 --base $images/default/rootfs"
+  [corpus]="bench corpus -n 1"
 )
-order=(start restore restore-desktop inspect confinement freeze engine proxy image)
+order=(start restore restore-desktop inspect confinement freeze engine proxy image corpus)
 if [ $# -gt 0 ]; then order=("$@"); fi
 
 summary=()

@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use drums_api::{Client, CreateSession, Session};
-use hyper::Method;
 use serde_json::json;
 
-use super::{create_with, delete_checkpoint, percentile, remove, restore_n, sh};
+use super::made::Made;
+use super::{percentile, sh};
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -70,42 +70,23 @@ async fn answers(c: &Client, s: &Session, arm: &str) -> Result<(), Failure> {
     }
 }
 
-/// One round of one arm: (checkpoint s, restore s, image bytes). Whatever
-/// it made is removed, also when a step fails.
-async fn round(c: &Client, arm: &str) -> Result<(f64, f64, f64), Failure> {
-    let (src, _) = create_with(c, &CreateSession::default()).await?;
-    let mut made: (Option<Session>, Option<String>) = (None, None);
-    let r = measure(c, arm, &src, &mut made).await;
-    let mut cleanup = vec![remove(c, &src).await];
-    if let Some(sib) = &made.0 {
-        cleanup.push(remove(c, sib).await);
-    }
-    if let Some(ck) = &made.1 {
-        cleanup.push(delete_checkpoint(c, ck).await);
-    }
-    let r = r?;
-    cleanup.into_iter().collect::<Result<Vec<_>, _>>()?;
-    Ok(r)
-}
-
-async fn measure(
-    c: &Client,
-    arm: &str,
-    src: &Session,
-    made: &mut (Option<Session>, Option<String>),
-) -> Result<(f64, f64, f64), Failure> {
+/// One round of one arm: (checkpoint s, restore s, image bytes), with
+/// everything it made removed again.
+async fn round(m: &Made<'_>, arm: &str) -> Result<(f64, f64, f64), Failure> {
+    let c = m.client();
+    let (src, _) = m.create_with(&CreateSession::default()).await?;
     if arm != "plain" {
         let b64 = base64::engine::general_purpose::STANDARD.encode(WL);
         sh(
             c,
-            src,
+            &src,
             &format!(
                 "echo {b64} | base64 -d > /root/wl.py && cd /root && \
                  (nohup python3 /root/wl.py serve {arm} >/root/wl.log 2>&1 &)"
             ),
         )
         .await?;
-        answers(c, src, arm).await?;
+        answers(c, &src, arm).await?;
     }
     let t = Instant::now();
     let req = drums_api::CreateCheckpoint {
@@ -114,13 +95,14 @@ async fn measure(
         clean: false,
         leave_running: true,
     };
-    let ck: drums_api::Checkpoint = c.json(Method::POST, "/v1/checkpoints", Some(&req)).await?;
+    let ck = m.checkpoint(&req).await?;
     let dump = t.elapsed().as_secs_f64();
-    made.1 = Some(ck.id.clone());
-    let (mut sibs, restore) = restore_n(c, &ck.id, 1).await?;
+    let (mut sibs, restore) = m.restore(&ck.id, 1).await?;
     let sib = sibs.remove(0);
-    made.0 = Some(sib.clone());
     answers(c, &sib, arm).await?;
+    m.remove(&sib).await?;
+    m.remove(&src).await?;
+    m.delete_checkpoint(&ck.id).await?;
     Ok((dump, restore, ck.images_bytes as f64))
 }
 
@@ -128,11 +110,18 @@ pub async fn corpus(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
+    let m = Made::new(c);
+    let r = rounds(&m, n, as_json).await;
+    let samples = m.finish(r).await?;
+    report(&samples, n, as_json)
+}
+
+async fn rounds(m: &Made<'_>, n: usize, as_json: bool) -> Result<Vec<Samples>, Failure> {
     let mut samples: Vec<Samples> = ARMS.iter().map(|_| Samples::default()).collect();
     for r in 0..n {
         for k in 0..ARMS.len() {
             let i = (k + r) % ARMS.len();
-            let (ck, rs, bytes) = round(c, ARMS[i]).await?;
+            let (ck, rs, bytes) = round(m, ARMS[i]).await?;
             samples[i].checkpoint.push(ck);
             samples[i].restore.push(rs);
             samples[i].bytes.push(bytes);
@@ -150,6 +139,10 @@ pub async fn corpus(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     if !as_json {
         eprintln!();
     }
+    Ok(samples)
+}
+
+fn report(samples: &[Samples], n: usize, as_json: bool) -> Result<i32, Failure> {
     let stats = |v: &[f64]| {
         let mut s = v.to_vec();
         s.sort_by(f64::total_cmp);
@@ -161,7 +154,7 @@ pub async fn corpus(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     );
     let rows: Vec<_> = ARMS
         .iter()
-        .zip(&samples)
+        .zip(samples)
         .map(|(arm, s)| {
             let (ck, rs, b) = (stats(&s.checkpoint), stats(&s.restore), stats(&s.bytes));
             (*arm, ck, rs, b.0)
