@@ -244,15 +244,32 @@ impl Criu {
         // forever (seen when a session's init was SIGKILLed mid-dump). The
         // tree is going away, so there is nothing to dump: CRIU is killed,
         // which lets the tasks go.
+        //
+        // Not once a dump that does not leave the tree running is done:
+        // CRIU itself then kills the tree, before its final answer, and a
+        // look in between would take that exit for an abandoned dump (seen
+        // under load in desktop_failures_leave_nothing).
         let root = o.pid;
+        let dumped = std::cell::Cell::new(false);
+        let mut notify = |script: &str, pid: i32| {
+            if script == script::POST_DUMP {
+                dumped.set(true);
+            }
+            on_notify(script, pid)
+        };
         let ex = swrk::exchange(
             &self.bin,
             self.run_dir.as_deref(),
             op,
             &req,
             &[],
-            on_notify,
-            &|| exiting(root).then(|| format!("the dumped tree's root (pid {root}) began to exit")),
+            &mut notify,
+            &|| {
+                if dumped.get() && !o.leave_running {
+                    return None;
+                }
+                exiting(root).then(|| format!("the dumped tree's root (pid {root}) began to exit"))
+            },
         )?;
         drop(images);
         if let Some(reason) = ex.abandoned {
