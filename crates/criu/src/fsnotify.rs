@@ -126,7 +126,7 @@ fn parse_fdinfo(text: &str) -> Vec<(u32, u64, Option<Handle>)> {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

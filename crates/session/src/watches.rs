@@ -116,7 +116,7 @@ fn path_of(
     ino: u64,
     handle: Option<&Handle>,
 ) -> Option<String> {
-    let inner = handle.and_then(|h| Inner::of(h))?;
+    let inner = handle.and_then(Inner::of)?;
     for layer in layers {
         for rel in candidates(layer, &inner) {
             let parts: Vec<_> = rel
