@@ -479,8 +479,12 @@ impl Manager {
             &job.changed,
             pos.needs_full,
         );
-        let open = self.open_guest_streams(&rec.id);
-        if took != Took::Files && open > 0 {
+        let open = if took == Took::Files {
+            0
+        } else {
+            self.settled_guest_streams(&rec.id).await
+        };
+        if open > 0 {
             // Refused before anything is made: CRIU would fail on the guest's
             // end of each such connection ("Unix socket … not found": its
             // peer is drumsd, outside the tree).
