@@ -685,48 +685,14 @@ fn an_accessibility_call_leaves_the_desktop_checkpointable_and_user_pythons_rese
 
         // A sibling's version, a rollback to it, and a recovery.
         let s = &r.sessions[0];
-        d.client
-            .call(
-                Method::POST,
-                &format!("/v1/sessions/{}/turn/begin", s.id),
-                None::<&()>,
-            )
-            .await
-            .unwrap();
-        let e: drums_api::TurnEffects = d
-            .client
-            .json(
-                Method::POST,
-                &format!("/v1/sessions/{}/turn/end", s.id),
-                Some(&drums_api::EndTurn {
-                    checkpoint: true,
-                    policy: Some(drums_api::Policy::Full),
-                    wait: true,
-                }),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("a version after /accessibility: {e}\n{}", d.log()));
-        let v = e.checkpoint.unwrap().version.unwrap();
-        assert_eq!(v.state, "done", "{v:#?}");
+        let v = d.turn_version(&s.id, "true", drums_api::Policy::Full).await;
         common::ok(
             &d.drums(&["rollback", &s.id, "--to", &v.number.to_string()]),
             "rollback",
         );
         let sip = s.ip.as_deref().unwrap();
         assert_eq!(osworld_get(sip, "/accessibility").0, 200);
-        let now: drums_api::Session = d
-            .client
-            .json(Method::GET, &format!("/v1/sessions/{}", s.id), None::<&()>)
-            .await
-            .unwrap();
-        let init = now.init_pid.unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(init),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        assert!(common::gone(|| !drums_session::process::alive(init)));
-        common::ok(&d.drums(&["recover", &s.id]), "recover");
+        d.kill_and_recover(&s.id).await;
         assert_eq!(osworld_get(sip, "/accessibility").0, 200);
 
         for s in r.sessions.iter().chain([&src]) {

@@ -14,7 +14,7 @@
 mod common;
 
 use common::{ok, run, TestDaemon};
-use drums_api::{CreateSession, EndTurn, Policy, Session, TurnEffects};
+use drums_api::{CreateSession, Policy, Session};
 use hyper::Method;
 
 const WL: &str = include_str!("workloads/wl.py");
@@ -84,34 +84,9 @@ fn corpus(name: &str, daemon_args: &[&str]) {
         }
 
         // A turn's end takes a version with the processes in it.
-        d.client
-            .call(
-                Method::POST,
-                &format!("/v1/sessions/{}/turn/begin", s.id),
-                None::<&()>,
-            )
-            .await
-            .unwrap();
-        assert_eq!(d.sh(&s.id, "echo turn > /root/turn").0, 0);
-        let e: TurnEffects = d
-            .client
-            .json(
-                Method::POST,
-                &format!("/v1/sessions/{}/turn/end", s.id),
-                Some(&EndTurn {
-                    checkpoint: true,
-                    policy: Some(Policy::Full),
-                    wait: true,
-                }),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{name}: turn end: {e}\n{}", d.log()));
-        let version = e
-            .checkpoint
-            .as_ref()
-            .and_then(|c| c.version.clone())
-            .unwrap_or_else(|| panic!("{name}: the turn took no version: {e:#?}"));
-        assert_eq!(version.state, "done", "{name}: {version:#?}\n{}", d.log());
+        let version = d
+            .turn_version(&s.id, "echo turn > /root/turn", Policy::Full)
+            .await;
         expect_ok(&d, name, &s.id, "after its turn-end version");
 
         // Back to that version.
@@ -122,19 +97,7 @@ fn corpus(name: &str, daemon_args: &[&str]) {
         expect_ok(&d, name, &s.id, "after a rollback to its version");
 
         // Its processes killed from the host: recovered from the version.
-        let now: Session = d
-            .client
-            .json(Method::GET, &format!("/v1/sessions/{}", s.id), None::<&()>)
-            .await
-            .unwrap();
-        let init = now.init_pid.unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(init),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        assert!(common::gone(|| !drums_session::process::alive(init)));
-        ok(&d.drums(&["recover", &s.id]), &format!("{name}: recover"));
+        d.kill_and_recover(&s.id).await;
         expect_ok(&d, name, &s.id, "after a recovery");
 
         d.rm(&s.id).await.unwrap();

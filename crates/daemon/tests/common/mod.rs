@@ -463,6 +463,64 @@ impl TestDaemon {
         );
     }
 
+    /// A turn of session `s` (running `script`) whose end takes a version
+    /// with `policy`, waited for; failing the test (with the daemon's log)
+    /// unless the version is done.
+    pub async fn turn_version(
+        &self,
+        s: &str,
+        script: &str,
+        policy: drums_api::Policy,
+    ) -> drums_api::SessionVersion {
+        self.client
+            .call(
+                Method::POST,
+                &format!("/v1/sessions/{s}/turn/begin"),
+                None::<&()>,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("turn begin of {s}: {e}\n{}", self.log()));
+        let (code, out, err) = self.sh(s, script);
+        assert_eq!(code, 0, "{script}: {out} {err}");
+        let e: drums_api::TurnEffects = self
+            .client
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{s}/turn/end"),
+                Some(&drums_api::EndTurn {
+                    checkpoint: true,
+                    policy: Some(policy),
+                    wait: true,
+                }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("turn end of {s}: {e}\n{}", self.log()));
+        let v = e
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.version.clone())
+            .unwrap_or_else(|| panic!("the turn of {s} took no version: {e:#?}"));
+        assert_eq!(v.state, "done", "{v:#?}\n{}", self.log());
+        v
+    }
+
+    /// SIGKILLs session `s`'s init from the host, then `drums recover`s it.
+    pub async fn kill_and_recover(&self, s: &str) {
+        let now: drums_api::Session = self
+            .client
+            .json(Method::GET, &format!("/v1/sessions/{s}"), None::<&()>)
+            .await
+            .unwrap();
+        let init = now.init_pid.expect("a running session has an init");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(init),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        assert!(gone(|| !drums_session::process::alive(init)));
+        ok(&self.drums(&["recover", s]), &format!("recover {s}"));
+    }
+
     /// The drums CLI against this daemon.
     pub fn drums(&self, args: &[&str]) -> Output {
         bounded(
