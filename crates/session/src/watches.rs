@@ -211,17 +211,20 @@ fn candidates(layer: &Path, inner: &Inner) -> Vec<PathBuf> {
     out
 }
 
+/// struct file_handle with room for MAX_HANDLE_SZ bytes, as
+/// name_to_handle_at and open_by_handle_at take it.
+#[repr(C)]
+struct FileHandle {
+    bytes: libc::c_uint,
+    kind: libc::c_int,
+    data: [u8; MAX_HANDLE],
+}
+
 /// `inner` opened (O_PATH) on the file system of `mount`, or `None` if that
 /// file system does not have it.
 fn open_by_handle(mount: BorrowedFd<'_>, inner: &Inner) -> Option<OwnedFd> {
     if inner.fid.len() > MAX_HANDLE {
         return None;
-    }
-    #[repr(C)]
-    struct FileHandle {
-        bytes: libc::c_uint,
-        kind: libc::c_int,
-        data: [u8; MAX_HANDLE],
     }
     let mut h = FileHandle {
         bytes: inner.fid.len() as libc::c_uint,
@@ -282,12 +285,6 @@ fn is_the_inode(
 /// The file handle the kernel encodes for `fd`'s inode as a watch's (the
 /// "fid" form), or `None` if it cannot.
 fn fid_of(fd: BorrowedFd<'_>) -> Option<(i32, Vec<u8>)> {
-    #[repr(C)]
-    struct FileHandle {
-        bytes: libc::c_uint,
-        kind: libc::c_int,
-        data: [u8; MAX_HANDLE],
-    }
     let mut h = FileHandle {
         bytes: MAX_HANDLE as libc::c_uint,
         kind: 0,
