@@ -286,6 +286,25 @@ async fn reseed_gives_clones_different_random_streams() {
     assert_eq!(names(&guest.reseed_dir()), Vec::<String>::new());
 }
 
+/// `POST /v1/hygiene` as a restore to `sib-1` would send it; its body,
+/// which must come with 200.
+async fn reseed_as_sib_1(guest: &SandboxedGuest, generation: u64, ack_timeout_ms: u64) -> Value {
+    let (status, body) = guest
+        .json(
+            Method::POST,
+            "/v1/hygiene",
+            Some(json!({
+                "hostname": "sib-1",
+                "machine_id": MACHINE_ID,
+                "generation": generation,
+                "ack_timeout_ms": ack_timeout_ms,
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
+    body
+}
+
 /// The agent of a confined session holds no CAP_SYS_PTRACE. It must still
 /// tie another user's registration to its process, and never take "may not
 /// look" for "does not hold its file": that deleted every registration of
@@ -318,19 +337,7 @@ async fn a_confined_agent_reseeds_another_users_process() {
     );
     let pid = p.pid();
     assert_eq!(p.line(), format!("ready {pid}\n"));
-    let (status, body) = guest
-        .json(
-            Method::POST,
-            "/v1/hygiene",
-            Some(json!({
-                "hostname": "sib-1",
-                "machine_id": MACHINE_ID,
-                "generation": 3,
-                "ack_timeout_ms": 5000,
-            })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
+    let body = reseed_as_sib_1(&guest, 3, 5000).await;
     assert_eq!(pids(&body["stale_removed"]), Vec::<u32>::new(), "{body}");
     assert_eq!(pids(&body["signalled"]), vec![pid], "{body}");
     assert_eq!(pids(&body["acked"]), vec![pid], "{body}");
@@ -357,19 +364,7 @@ async fn a_registration_the_agent_may_not_check_is_reported_not_removed() {
     let mut p = Proc::python(&script, &lib, &guest.run);
     let pid = p.pid();
     assert_eq!(p.line(), format!("ready {pid}\n"));
-    let (status, body) = guest
-        .json(
-            Method::POST,
-            "/v1/hygiene",
-            Some(json!({
-                "hostname": "sib-1",
-                "machine_id": MACHINE_ID,
-                "generation": 4,
-                "ack_timeout_ms": 200,
-            })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}\n{}", guest.log());
+    let body = reseed_as_sib_1(&guest, 4, 200).await;
     assert_eq!(pids(&body["unverified"]), vec![pid], "{body}");
     assert_eq!(pids(&body["signalled"]), Vec::<u32>::new(), "{body}");
     assert_eq!(pids(&body["stale_removed"]), Vec::<u32>::new(), "{body}");
