@@ -101,6 +101,10 @@ pub struct Session {
     /// image says it serves, reachable at the session's address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<String>,
+    /// The warm pool holding it until it is taken; `None` for a session of
+    /// its own.
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 /// `GET /v1/sessions/{id}/stats`: what the session's cgroup accounts.
@@ -311,6 +315,56 @@ pub struct RestoreRequest {
 
 fn one() -> usize {
     1
+}
+
+/// `POST /v1/pools`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePool {
+    /// The checkpoint's id or name.
+    pub checkpoint: String,
+    #[serde(default = "one_u32")]
+    pub size: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+/// A warm pool (docs/pools.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: String,
+    pub name: String,
+    /// The checkpoint's id.
+    pub checkpoint: String,
+    pub size: u32,
+    /// Members running and not yet taken.
+    pub ready: u32,
+    /// Members being restored.
+    pub restoring: u32,
+    /// Members handed out by this drumsd since it started.
+    pub taken: u64,
+    pub created_at_ms: i64,
+    /// Why the pool is short and not restoring: the host out of room, or
+    /// the refill's last error.
+    pub waiting_on: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolList {
+    pub pools: Vec<Pool>,
+}
+
+/// `POST /v1/pools/{pool}/take`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TakeRequest {
+    /// How long to wait for a ready member when none is (default 30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 /// `POST /v1/sessions/{id}/fork`.

@@ -17,14 +17,16 @@ use serde::{Deserialize, Serialize};
 
 mod images;
 mod journal;
+mod pools;
 mod versions;
 pub use images::{ImageRow, LayerRow};
 pub use journal::{Command, Exchange};
+pub use pools::{PoolRecord, MAX_POOL_SIZE};
 pub use versions::{VersionRecord, IN_FLIGHT};
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -60,6 +62,11 @@ pub enum CatalogError {
     NotPending(String),
     #[error("no free address left in {0}")]
     PoolExhausted(String),
+    /// `--max-sessions`: every session counts, pool members included.
+    #[error("drumsd holds {held} sessions, its limit (--max-sessions {max}); remove one, or raise the limit")]
+    TooManySessions { held: u64, max: u64 },
+    #[error("a pool named {0:?} already exists")]
+    PoolNameTaken(String),
     #[error("decode {what} of session {id}")]
     Decode {
         what: &'static str,
@@ -176,6 +183,9 @@ pub struct SessionRecord {
     /// range is [`IdPool::size`] ids); `None`: no user namespace (a
     /// privileged session, or a sibling of a checkpoint taken without one).
     pub id_base: Option<u32>,
+    /// The warm pool holding the session until it is taken (pools.rs);
+    /// `None` for a session of its own.
+    pub pool: Option<String>,
 }
 
 /// An IPv4 pool to allocate session addresses from: `base` is the network
@@ -333,16 +343,27 @@ impl Catalog {
     /// Insert a session in state `creating`, allocating its address from `pool`
     /// and its id range from `ids` (when given) in the same transaction, so two
     /// concurrent creates can never get one name, one address or one range.
+    /// With `max`, refused when that many sessions are already recorded, in
+    /// the same transaction, so concurrent creates cannot pass it together.
     pub fn insert_session(
         &self,
         mut rec: SessionRecord,
         pool: Option<IpPool>,
         ids: Option<IdPool>,
+        max: Option<u64>,
     ) -> Result<SessionRecord> {
         let mut c = self.conn();
         let tx = c
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql("begin insert session"))?;
+        if let Some(max) = max {
+            let held: u64 = tx
+                .query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))
+                .map_err(sql("count sessions"))?;
+            if held >= max {
+                return Err(CatalogError::TooManySessions { held, max });
+            }
+        }
         let taken = any_row(
             &tx,
             "SELECT 1 FROM sessions WHERE name = ?1",
@@ -421,14 +442,15 @@ impl Catalog {
             rec.id_base = Some(base);
         }
         tx.execute(
-            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+            "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base, pool)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
             params![
                 rec.id, rec.name, rec.profile, rec.image, rec.state, rec.hostname, rec.network, rec.ip, rec.mac,
                 rec.limits.to_string(), rec.init_pid, rec.created_at_ms, rec.generation as i64, rec.origin,
                 rec.egress,
                 rec.privileged,
-                rec.id_base
+                rec.id_base,
+                rec.pool
             ],
         )
         .map_err(sql("insert session"))?;
@@ -489,7 +511,7 @@ impl Catalog {
     }
 }
 
-const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base FROM sessions";
+const SELECT_SESSION: &str = "SELECT id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base, pool FROM sessions";
 
 type Raw = (SessionRecord, String);
 
@@ -513,6 +535,7 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             egress: r.get(14)?,
             privileged: r.get(15)?,
             id_base: r.get(16)?,
+            pool: r.get(17)?,
         },
         r.get(9)?,
     ))
@@ -653,6 +676,11 @@ fn migrate(conn: &Connection) -> Result<()> {
         )
         .map_err(sql("migrate to schema 8"))?;
     }
+    if version < 9 {
+        // Warm pools (pools.rs). Older sessions belong to none.
+        conn.execute_batch(pools::MIGRATE_9)
+            .map_err(sql("migrate to schema 9"))?;
+    }
     Ok(())
 }
 
@@ -686,6 +714,7 @@ mod tests {
             egress: "none".into(),
             privileged: false,
             id_base: None,
+            pool: None,
         }
     }
 
@@ -702,56 +731,66 @@ mod tests {
             slots: 2,
         };
         let c = Catalog::in_memory().unwrap();
-        let a = c.insert_session(rec("a", "one"), None, Some(ids)).unwrap();
+        let a = c
+            .insert_session(rec("a", "one"), None, Some(ids), None)
+            .unwrap();
         assert_eq!(a.id_base, Some(1 << 20));
-        let b = c.insert_session(rec("b", "two"), None, Some(ids)).unwrap();
+        let b = c
+            .insert_session(rec("b", "two"), None, Some(ids), None)
+            .unwrap();
         assert_eq!(b.id_base, Some((1 << 20) + 65536));
         assert_eq!(c.session("b").unwrap().unwrap().id_base, b.id_base);
         assert!(matches!(
-            c.insert_session(rec("c", "three"), None, Some(ids)),
+            c.insert_session(rec("c", "three"), None, Some(ids), None),
             Err(CatalogError::PoolExhausted(_))
         ));
         let p = c
-            .insert_session(rec("p", "privileged"), None, None)
+            .insert_session(rec("p", "privileged"), None, None, None)
             .unwrap();
         assert_eq!(p.id_base, None);
         c.delete_session("a").unwrap();
-        let d = c.insert_session(rec("d", "four"), None, Some(ids)).unwrap();
+        let d = c
+            .insert_session(rec("d", "four"), None, Some(ids), None)
+            .unwrap();
         assert_eq!(d.id_base, Some(1 << 20), "a freed range is reused");
     }
 
     #[test]
     fn names_are_unique_and_addresses_allocated_lowest_first() {
         let c = Catalog::in_memory().unwrap();
-        let a = c.insert_session(rec("a", "one"), Some(POOL), None).unwrap();
+        let a = c
+            .insert_session(rec("a", "one"), Some(POOL), None, None)
+            .unwrap();
         assert_eq!(a.ip.as_deref(), Some("10.9.0.2"));
         assert_eq!(a.mac.as_deref(), Some("02:64:0a:09:00:02"));
-        let b = c.insert_session(rec("b", "two"), Some(POOL), None).unwrap();
+        let b = c
+            .insert_session(rec("b", "two"), Some(POOL), None, None)
+            .unwrap();
         assert_eq!(b.ip.as_deref(), Some("10.9.0.3"));
         assert!(
-            matches!(c.insert_session(rec("c", "one"), Some(POOL), None), Err(CatalogError::NameTaken(n)) if n == "one")
+            matches!(c.insert_session(rec("c", "one"), Some(POOL), None, None), Err(CatalogError::NameTaken(n)) if n == "one")
         );
         // Lookups try the id first: a name equal to another session's id (or
         // an id equal to another's name) would leave one of them unreachable.
         assert!(
-            matches!(c.insert_session(rec("c", "b"), Some(POOL), None), Err(CatalogError::NameIsAnId { name, .. }) if name == "b")
+            matches!(c.insert_session(rec("c", "b"), Some(POOL), None, None), Err(CatalogError::NameIsAnId { name, .. }) if name == "b")
         );
         assert!(matches!(
-            c.insert_session(rec("two", "four"), Some(POOL), None),
+            c.insert_session(rec("two", "four"), Some(POOL), None, None),
             Err(CatalogError::NameIsAnId { .. })
         ));
         c.delete_session("a").unwrap();
         let d = c
-            .insert_session(rec("d", "three"), Some(POOL), None)
+            .insert_session(rec("d", "three"), Some(POOL), None, None)
             .unwrap();
         assert_eq!(d.ip.as_deref(), Some("10.9.0.2"), "freed address is reused");
         // /29: offsets 2..=6 usable
         for (i, n) in ["x4", "x5", "x6"].iter().enumerate() {
-            c.insert_session(rec(&format!("e{i}"), n), Some(POOL), None)
+            c.insert_session(rec(&format!("e{i}"), n), Some(POOL), None, None)
                 .unwrap();
         }
         assert!(matches!(
-            c.insert_session(rec("f", "full"), Some(POOL), None),
+            c.insert_session(rec("f", "full"), Some(POOL), None, None),
             Err(CatalogError::PoolExhausted(_))
         ));
         assert_eq!(c.session("two").unwrap().unwrap().id, "b");

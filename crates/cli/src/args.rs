@@ -36,6 +36,40 @@ pub struct Global {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum PoolCmd {
+    /// Keep SIZE hygienic siblings of a checkpoint ready; prints the pool's name.
+    Create {
+        checkpoint: String,
+        #[arg(long, default_value_t = 1)]
+        size: u32,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List pools: ready members, members being restored, and what a short
+    /// pool waits on.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a ready member (an ordinary session from now on); prints its id.
+    Take {
+        pool: String,
+        /// Seconds to wait when no member is ready (drumsd's default: 30).
+        #[arg(long)]
+        timeout: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove pools and their members not taken.
+    Rm {
+        #[arg(required = true)]
+        pools: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum ImageCmd {
     /// Import a `docker save` archive, an oci-archive, or an OCI image
     /// layout directory; prints the image's id.
@@ -98,6 +132,10 @@ pub enum Command {
     Image(ImageCmd),
     /// Checkpoint a session (CRIU + a btrfs snapshot), or `checkpoint rm ID`.
     Checkpoint(CheckpointCmd),
+    /// Warm pools: siblings of a checkpoint kept restored and ready, handed
+    /// out at once (docs/pools.md).
+    #[command(subcommand)]
+    Pool(PoolCmd),
     /// This host's key for signing checkpoint archives.
     #[command(subcommand)]
     Key(KeyCmd),

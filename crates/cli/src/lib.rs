@@ -10,6 +10,7 @@ pub mod eval;
 pub mod exit;
 pub mod images;
 pub mod inspect;
+pub mod pools;
 pub mod table;
 pub mod versions;
 

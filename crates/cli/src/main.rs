@@ -64,6 +64,7 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
         Command::Image(ImageCmd::Rm { images }) => drums_cli::images::rm(&c, images).await,
         Command::Image(ImageCmd::Ls { json }) => drums_cli::images::list(&c, *json).await,
         Command::Checkpoint(cmd) => commands::checkpoint(&c, cmd).await,
+        Command::Pool(cmd) => drums_cli::pools::run(&c, cmd).await,
         Command::Key(drums_cli::args::KeyCmd::Show { json }) => commands::key_show(&c, *json).await,
         Command::Checkpoints { json } => commands::checkpoints(&c, *json).await,
         Command::Restore {

@@ -194,6 +194,11 @@ pub struct DaemonArgs {
     /// version taken is whole.
     #[arg(long, default_value_t = 60, value_name = "N")]
     pub turn_versions_per_minute: u32,
+    /// The most sessions drumsd holds at once, warm pools' members included
+    /// (docs/pools.md); a create, restore or pool refill past it is refused
+    /// with 409. 0: no limit but the subnet's addresses and the caps.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_sessions: u64,
     /// Test-only: serve POST /v1/debug/faults.
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -263,6 +268,7 @@ impl DaemonArgs {
             image_layer_max: self.image_layer_max,
             ready_timeout: Duration::from_secs(self.ready_timeout),
             turn_versions_per_minute: self.turn_versions_per_minute,
+            max_sessions: (self.max_sessions > 0).then_some(self.max_sessions),
         })
     }
 }

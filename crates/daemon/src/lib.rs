@@ -10,6 +10,7 @@ mod images;
 pub mod json;
 pub mod ksm;
 pub mod lock;
+mod pools;
 mod reissue;
 pub mod request_id;
 pub mod server;
@@ -135,7 +136,13 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         info!(address = ?at, "llm proxy ready");
     }
 
-    let app = server::router(manager.clone(), coordinator.clone());
+    // Warm pools refill once the manager has swept and adopted what a
+    // previous daemon left (docs/pools.md).
+    let pools = drums_session::pools::Pools::start(manager.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
+        .context("start warm pools")?;
+    let app = server::router(manager.clone(), coordinator.clone(), pools.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
     let m = manager.clone();
     let shutdown = async move {
@@ -168,6 +175,10 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
             warn!("llm proxy: {e}");
         }
     }
+    // Before the sessions go: a refill would restore members into a daemon
+    // that is removing them. The pools stay recorded and refill at the next
+    // start.
+    pools.shutdown().await;
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {

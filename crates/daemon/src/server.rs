@@ -86,6 +86,11 @@ fn table() -> Vec<Route> {
         route(M::POST, "/v1/checkpoints/{checkpoint}/restore", restore),
         route(M::GET, "/v1/checkpoints/{checkpoint}/export", export),
         route(M::POST, "/v1/checkpoints/import", import),
+        route(M::GET, "/v1/pools", crate::pools::list),
+        route(M::POST, "/v1/pools", crate::pools::create),
+        route(M::GET, "/v1/pools/{pool}", crate::pools::show),
+        route(M::DELETE, "/v1/pools/{pool}", crate::pools::remove),
+        route(M::POST, "/v1/pools/{pool}/take", crate::pools::take),
         route(M::GET, "/v1/keys/host", host_key),
         route(M::GET, "/v1/audit", audit),
         route(M::POST, "/v1/debug/faults", fault),
@@ -102,7 +107,11 @@ pub fn routes() -> Vec<(String, String)> {
         .collect()
 }
 
-pub fn router(m: AppState, coordinator: Arc<drums_coordinator::Coordinator>) -> Router {
+pub fn router(
+    m: AppState,
+    coordinator: Arc<drums_coordinator::Coordinator>,
+    pools: Arc<drums_session::pools::Pools>,
+) -> Router {
     // Two rows on one path merge into one method router.
     table()
         .into_iter()
@@ -124,6 +133,7 @@ pub fn router(m: AppState, coordinator: Arc<drums_coordinator::Coordinator>) -> 
         })
         .with_state(m)
         .layer(axum::Extension(coordinator))
+        .layer(axum::Extension(pools))
         .layer(axum::middleware::from_fn(uri_limit))
         .layer(axum::middleware::from_fn(crate::request_id::layer))
 }

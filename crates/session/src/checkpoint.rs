@@ -608,6 +608,14 @@ impl Manager {
                 ck.name, ck.state
             )));
         }
+        let pools = self.catalog.pools_of_checkpoint(&ck.id)?;
+        if !pools.is_empty() {
+            return Err(SessionError::Conflict(format!(
+                "checkpoint {} is what warm pool(s) {} restore; remove them first (drums pool rm)",
+                ck.name,
+                pools.join(", ")
+            )));
+        }
         self.catalog.set_version_state(&ck.id, "removing")?;
         self.drop_version(&ck).await
     }

@@ -50,6 +50,7 @@ impl Manager {
             origin: None,
             privileged: spec.privileged,
             id_base: None,
+            pool: None,
         };
         let pool = (spec.network == Network::Bridge).then(|| self.pool());
         // A privileged session keeps host root, as Podman's does.
@@ -74,7 +75,9 @@ impl Manager {
                 )))
             }
         };
-        let rec = self.catalog.insert_session(rec, pool, ids)?;
+        let rec = self
+            .catalog
+            .insert_session(rec, pool, ids, self.cfg.max_sessions)?;
         let mut built = self.build(&rec, &spec, &image.rootfs, None).await;
         if let (Ok(pid), Some((argv, config))) = (&built, run) {
             if let Err(e) = start_default_process(*pid, argv, &config).await {

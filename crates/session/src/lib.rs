@@ -23,6 +23,7 @@ pub mod images;
 pub mod inspect;
 pub mod limits;
 pub mod manager;
+pub mod pools;
 pub mod process;
 pub mod restore;
 pub mod spec;
@@ -56,6 +57,15 @@ pub enum SessionError {
     NotFound(String),
     #[error("no checkpoint named {0:?}")]
     CheckpointNotFound(String),
+    #[error("no pool named {0:?}")]
+    PoolNotFound(String),
+    /// A take found no ready member within its timeout.
+    #[error("pool {pool} has no ready member after {waited_ms} ms: {why}")]
+    PoolEmpty {
+        pool: String,
+        waited_ms: u64,
+        why: String,
+    },
     #[error("no image named {0:?} (see `drums images`; set-up builds \"default\")")]
     ImageNotFound(String),
     #[error("a session named {0:?} already exists")]
@@ -170,7 +180,9 @@ impl SessionError {
             SessionError::ArchiveTooLarge { .. } | SessionError::NoRoom { .. } => {
                 ErrorKind::Conflict
             }
+            SessionError::PoolEmpty { .. } => ErrorKind::Unavailable,
             SessionError::NotFound(_)
+            | SessionError::PoolNotFound(_)
             | SessionError::VersionNotFound { .. }
             | SessionError::ImageNotFound(_)
             | SessionError::CheckpointNotFound(_) => ErrorKind::NotFound,
@@ -192,7 +204,11 @@ impl SessionError {
             // Every address of the subnet (or every id range) is taken: as with
             // a full store, the request was fine and the host's state refuses
             // it until a session goes.
-            SessionError::Catalog(drums_catalog::CatalogError::PoolExhausted(_)) => {
+            SessionError::Catalog(
+                drums_catalog::CatalogError::PoolExhausted(_)
+                | drums_catalog::CatalogError::TooManySessions { .. },
+            ) => ErrorKind::Conflict,
+            SessionError::Catalog(drums_catalog::CatalogError::PoolNameTaken(_)) => {
                 ErrorKind::Conflict
             }
             SessionError::Checkpoint(drums_checkpoint::CheckpointError::Incompatible {

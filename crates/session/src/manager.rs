@@ -66,6 +66,9 @@ pub struct ManagerConfig {
     /// Versions a session's turn ends may take per minute (drumsd's
     /// `--turn-versions-per-minute`).
     pub turn_versions_per_minute: u32,
+    /// The most sessions held at once, pools' members included (drumsd's
+    /// `--max-sessions`); `None`: no such limit.
+    pub max_sessions: Option<u64>,
 }
 
 pub struct Manager {
@@ -814,6 +817,7 @@ pub(crate) fn to_api(r: SessionRecord) -> Session {
         origin: r.origin,
         privileged: r.privileged,
         ports: Vec::new(),
+        pool: r.pool,
     }
 }
 

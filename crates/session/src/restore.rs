@@ -50,6 +50,29 @@ impl Manager {
         count: usize,
         name: Option<&str>,
     ) -> Result<RestoreResult, SessionError> {
+        self.restore_as(checkpoint, count, name, None).await
+    }
+
+    /// [`Manager::restore`] of siblings that are members of warm pool
+    /// `pool` from their first row on (see crate::pools): a crash while they
+    /// are made leaves pool members, which the sweep removes, never sessions
+    /// of nobody's.
+    pub async fn restore_into_pool(
+        &self,
+        checkpoint: &str,
+        count: usize,
+        pool: &str,
+    ) -> Result<RestoreResult, SessionError> {
+        self.restore_as(checkpoint, count, None, Some(pool)).await
+    }
+
+    async fn restore_as(
+        &self,
+        checkpoint: &str,
+        count: usize,
+        name: Option<&str>,
+        pool: Option<&str>,
+    ) -> Result<RestoreResult, SessionError> {
         check_siblings(count, name)?;
         // Shared with other restores, never with a remove of the checkpoint,
         // which would delete the images and snapshot this reads (see `busy`).
@@ -91,7 +114,7 @@ impl Manager {
         let lower = self.resolve_image(&m.session.image)?.rootfs;
 
         let results = futures::future::join_all(
-            (0..count).map(|_| self.restore_one(&m, &limits, &lower, name)),
+            (0..count).map(|_| self.restore_one(&m, &limits, &lower, name, pool)),
         )
         .await;
         let mut sessions = Vec::new();
@@ -129,6 +152,7 @@ impl Manager {
         limits: &drums_api::Limits,
         lower: &std::path::Path,
         name: Option<&str>,
+        pool: Option<&str>,
     ) -> Result<Session, SessionError> {
         // An imported manifest is untrusted: only a known value passes.
         let egress = Egress::parse(&m.session.egress)?;
@@ -158,6 +182,7 @@ impl Manager {
             origin: Some(m.id.clone()),
             privileged: m.session.privileged,
             id_base: None,
+            pool: pool.map(str::to_owned),
         };
         if m.session.privileged && m.session.user_namespace {
             return Err(SessionError::Invalid(
@@ -168,7 +193,9 @@ impl Manager {
         // Each sibling of a checkpoint taken in a user namespace gets a range
         // of its own (see crate::ids).
         let ids = m.session.user_namespace.then_some(crate::ids::POOL);
-        let rec = self.catalog.insert_session(rec, pool, ids)?;
+        let rec = self
+            .catalog
+            .insert_session(rec, pool, ids, self.cfg.max_sessions)?;
         let built = self
             .build_sibling(&rec, m, limits, lower, true, false)
             .await;
