@@ -139,6 +139,87 @@ fn clean_desktop_siblings_are_ready_and_not_clones() {
     d.stop_and_check_leaks();
 }
 
+/// A warm pool of a clean desktop checkpoint: each taken desktop is
+/// agent-ready at once (a screenshot answers), its page's `Math.random`
+/// differs from its sibling's, and the two pass the audit; removing the
+/// pool removes the members not taken.
+#[test]
+fn a_desktop_pool_hands_out_ready_desktops_that_are_not_clones() {
+    require_desktop_image();
+    let mut d = TestDaemon::start();
+    run(async {
+        let src = d
+            .create(&desktop())
+            .await
+            .unwrap_or_else(|e| panic!("create a desktop: {e}\n{}", d.log()));
+        let ck = d.checkpoint(&src.id, true, false).await;
+        let pool: drums_api::Pool = d
+            .client
+            .json(
+                Method::POST,
+                "/v1/pools",
+                Some(&drums_api::CreatePool {
+                    checkpoint: ck.id.clone(),
+                    size: 2,
+                    name: Some("desks".into()),
+                }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create pool: {e}\n{}", d.log()));
+        assert_eq!(pool.size, 2);
+        let mut taken = Vec::new();
+        for _ in 0..2 {
+            let s: drums_api::Session = d
+                .client
+                .json(
+                    Method::POST,
+                    "/v1/pools/desks/take",
+                    Some(&drums_api::TakeRequest {
+                        timeout_ms: Some(120_000),
+                    }),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("take a desktop: {e}\n{}", d.log()));
+            assert_eq!((s.profile.as_str(), s.pool.as_deref()), ("desktop", None));
+            let ip = s.ip.clone().unwrap();
+            let (status, png) = osworld_get(&ip, "/screenshot");
+            assert_eq!(status, 200, "screenshot of a taken desktop {}", s.id);
+            assert_eq!(png_size(&png), (1280, 800));
+            taken.push((s, math_random(&ip).await));
+        }
+        assert_ne!(
+            taken[0].1, taken[1].1,
+            "Math.random repeats across taken siblings"
+        );
+        let audit: drums_api::AuditReport = d.audit(&taken[0].0.id, &taken[1].0.id).await;
+        assert!(audit.passed, "{audit:#?}");
+        d.client
+            .call(Method::DELETE, "/v1/pools/desks", None::<&()>)
+            .await
+            .unwrap();
+        let l: drums_api::SessionList = d
+            .client
+            .json(Method::GET, "/v1/sessions", None::<&()>)
+            .await
+            .unwrap();
+        let ids: Vec<&str> = l.sessions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids.len(), 2, "only the taken desktops stay: {ids:?}");
+        for (s, _) in &taken {
+            assert!(ids.contains(&s.id.as_str()));
+            d.rm(&s.id).await.unwrap();
+        }
+        d.client
+            .call(
+                Method::DELETE,
+                &format!("/v1/checkpoints/{}", ck.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap();
+    });
+    d.stop_and_check_leaks();
+}
+
 /// OSWorld's `PythonController` and `SetupController` (desktop-env 1.0.2,
 /// unmodified, in a virtualenv) against a restored sibling: a PNG
 /// screenshot, a pyautogui command, a shell script, an `execute` set-up
