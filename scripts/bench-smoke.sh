@@ -124,10 +124,11 @@ for _ in $(seq 600); do
 done
 drums ps >/dev/null || die "drumsd did not answer within 60 s"
 
-# What drums still holds after a bench: sessions, checkpoints, OCI images.
+# What drums still holds after a bench: sessions, checkpoints, OCI images,
+# warm pools.
 drums_leftovers() {
   local json
-  if ! json=$(drums ps --json && drums checkpoints --json && drums images --json); then
+  if ! json=$(drums ps --json && drums checkpoints --json && drums images --json && drums pool ls --json); then
     echo "drumsd does not answer"
     return
   fi
@@ -142,6 +143,8 @@ while i < len(text):
     doc, i = dec.raw_decode(text, i)
     for s in doc.get("sessions", []):
         out.append("session %s (%s)" % (s["id"], s["name"]))
+    for p in doc.get("pools", []):
+        out.append("pool %s (%s)" % (p["id"], p["name"]))
     for k in doc.get("checkpoints", []):
         out.append("checkpoint %s" % k["id"])
     for m in doc.get("images", []):
@@ -164,8 +167,9 @@ declare -A argv=(
   [proxy]="bench proxy -n 1 --turns 1 --proxy 127.0.0.1:$proxy_port --mock-port $mock_port"
   [image]="bench image -n 1 --base $images/default/rootfs"
   [corpus]="bench corpus -n 1"
+  [pool]="bench pool -n 1 --segments 1 --segment-secs 3"
 )
-order=(start restore restore-desktop inspect confinement freeze engine proxy image corpus)
+order=(start restore restore-desktop inspect confinement freeze engine proxy image corpus pool)
 if [ $# -gt 0 ]; then order=("$@"); fi
 
 summary=()

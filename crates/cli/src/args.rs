@@ -437,6 +437,22 @@ pub struct EvalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Warm pools: a take from a ready pool (p50, p95), and resets per hour
+    /// of 4 workers (take or restore, a 2 s episode, remove) with a pool of
+    /// 4 against plain restores, interleaved, headless and desktop.
+    Pool {
+        /// Takes timed from a ready pool, per profile.
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        /// Segments per arm (pool, restore), alternating.
+        #[arg(long, default_value_t = 3)]
+        segments: usize,
+        /// Seconds per segment.
+        #[arg(long, default_value_t = 20.0)]
+        segment_secs: f64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold start: create-to-ready latency, and host memory per added session.
     Start {
         #[arg(long, default_value = "headless")]

@@ -16,6 +16,7 @@ mod freeze;
 mod image;
 mod inspect;
 mod made;
+mod pool;
 mod proxy;
 mod respawn;
 
@@ -85,6 +86,30 @@ async fn create(m: &Made<'_>, profile: &str) -> Result<(Session, f64), Failure> 
         ..Default::default()
     })
     .await
+}
+
+/// `drums bench pool`: a take from a warm pool, and resets per hour with a
+/// pool against plain restores, headless and desktop (bench/pool.rs).
+pub async fn pool(
+    c: &Client,
+    takes: usize,
+    segments: usize,
+    segment_secs: f64,
+    as_json: bool,
+) -> Result<i32, Failure> {
+    if takes == 0 || segments == 0 || !(segment_secs >= 1.0) {
+        return Err(Failure::usage(
+            "-n and --segments must be at least 1, --segment-secs at least 1",
+        ));
+    }
+    let m = Made::new(c);
+    let a = pool::Args {
+        takes,
+        segments,
+        segment: std::time::Duration::from_secs_f64(segment_secs),
+    };
+    let r = pool::pool(&m, &a, as_json).await;
+    m.finish(r).await
 }
 
 /// `drums bench start`: create-to-ready (ready = the guest agent answers), and

@@ -106,6 +106,12 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             bench::restore(&c, profile, *n, *json).await
         }
         Command::Bench(BenchCommand::Inspect { n, json }) => bench::inspect(&c, *n, *json).await,
+        Command::Bench(BenchCommand::Pool {
+            n,
+            segments,
+            segment_secs,
+            json,
+        }) => bench::pool(&c, *n, *segments, *segment_secs, *json).await,
         Command::Bench(BenchCommand::Confinement { profile, n, json }) => {
             bench::confinement(&c, profile, *n, *json).await
         }

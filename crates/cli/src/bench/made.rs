@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use drums_api::{
-    Checkpoint, Client, ClientError, CreateCheckpoint, CreateSession, RestoreRequest,
-    RestoreResult, Session,
+    Checkpoint, Client, ClientError, CreateCheckpoint, CreatePool, CreateSession, Pool,
+    RestoreRequest, RestoreResult, Session, TakeRequest,
 };
 use hyper::Method;
 
@@ -28,6 +28,7 @@ pub(crate) struct Made<'c> {
     /// Ids, in the order they were made.
     sessions: Mutex<Vec<String>>,
     checkpoints: Mutex<Vec<String>>,
+    pools: Mutex<Vec<String>>,
 }
 
 impl<'c> Made<'c> {
@@ -36,6 +37,7 @@ impl<'c> Made<'c> {
             c,
             sessions: Mutex::new(Vec::new()),
             checkpoints: Mutex::new(Vec::new()),
+            pools: Mutex::new(Vec::new()),
         }
     }
 
@@ -90,6 +92,49 @@ impl<'c> Made<'c> {
         Ok(k)
     }
 
+    /// A warm pool of checkpoint `ck` (docs/pools.md).
+    pub(crate) async fn create_pool(&self, ck: &str, size: u32) -> Result<Pool, Failure> {
+        let p: Pool = self
+            .c
+            .json(
+                Method::POST,
+                "/v1/pools",
+                Some(&CreatePool {
+                    checkpoint: ck.into(),
+                    size,
+                    name: None,
+                }),
+            )
+            .await?;
+        lock(&self.pools).push(p.id.clone());
+        Ok(p)
+    }
+
+    /// A member taken from pool `p` (the bench's to remove from now on), and
+    /// the seconds the take took.
+    pub(crate) async fn take(&self, p: &str) -> Result<(Session, f64), Failure> {
+        let t = Instant::now();
+        let s: Session = self
+            .c
+            .json(
+                Method::POST,
+                &format!("/v1/pools/{}/take", enc(p)),
+                Some(&TakeRequest {
+                    timeout_ms: Some(600_000),
+                }),
+            )
+            .await?;
+        let took = t.elapsed().as_secs_f64();
+        self.adopt_session(&s.id);
+        Ok((s, took))
+    }
+
+    pub(crate) async fn remove_pool(&self, p: &str) -> Result<(), Failure> {
+        remove_pool(self.c, p).await?;
+        lock(&self.pools).retain(|x| x != p);
+        Ok(())
+    }
+
     /// Remove a session the bench is done with.
     pub(crate) async fn remove(&self, s: &Session) -> Result<(), Failure> {
         remove_session(self.c, &s.id).await?;
@@ -135,6 +180,13 @@ impl<'c> Made<'c> {
     /// on past failures; the failures, if any, as one.
     async fn remove_all(&self) -> Option<Failure> {
         let mut failed = Vec::new();
+        // Pools first: a pool left while its members go would refill them.
+        let pools = std::mem::take(&mut *lock(&self.pools));
+        for id in pools.iter().rev() {
+            if let Err(e) = gone_is_fine(remove_pool(self.c, id).await) {
+                failed.push(format!("pool {id}: {}", e.message));
+            }
+        }
         let sessions = std::mem::take(&mut *lock(&self.sessions));
         for id in sessions.iter().rev() {
             if let Err(e) = gone_is_fine(remove_session(self.c, id).await) {
@@ -160,11 +212,16 @@ impl Drop for Made<'_> {
     fn drop(&mut self) {
         let sessions = std::mem::take(&mut *lock(&self.sessions));
         let checkpoints = std::mem::take(&mut *lock(&self.checkpoints));
-        if sessions.is_empty() && checkpoints.is_empty() {
+        let pools = std::mem::take(&mut *lock(&self.pools));
+        if sessions.is_empty() && checkpoints.is_empty() && pools.is_empty() {
             return;
         }
         eprintln!(
-            "drums: the bench ended without removing what it made; remove it with: {}{}{}",
+            "drums: the bench ended without removing what it made; remove it with: {}{}{}{}",
+            pools
+                .iter()
+                .map(|p| format!("drums pool rm {p}; "))
+                .collect::<String>(),
             if sessions.is_empty() {
                 String::new()
             } else {
@@ -188,6 +245,16 @@ impl Drop for Made<'_> {
 /// retain, a take): a poisoned one is still consistent.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn remove_pool(c: &Client, id: &str) -> Result<(), ClientError> {
+    c.call(
+        Method::DELETE,
+        &format!("/v1/pools/{}", enc(id)),
+        None::<&()>,
+    )
+    .await
+    .map(drop)
 }
 
 async fn remove_session(c: &Client, id: &str) -> Result<(), ClientError> {
