@@ -97,7 +97,7 @@ pub async fn pool(
     segment_secs: f64,
     as_json: bool,
 ) -> Result<i32, Failure> {
-    if takes == 0 || segments == 0 || !(segment_secs >= 1.0) {
+    if takes == 0 || segments == 0 || segment_secs.is_nan() || segment_secs < 1.0 {
         return Err(Failure::usage(
             "-n and --segments must be at least 1, --segment-secs at least 1",
         ));
