@@ -18,6 +18,9 @@ pub const UNAVAILABLE: i32 = 5;
 /// Refused for lack of trust: an unsigned archive, or one whose signer this
 /// host does not trust.
 pub const UNTRUSTED: i32 = 6;
+/// drumsd is busy for now (503): a pool with no member ready within the
+/// take's timeout, or the checkpoint engine's queues full. Worth a retry.
+pub const BUSY: i32 = 7;
 pub const COMMAND_NOT_FOUND: i32 = 127;
 pub const TIMED_OUT: i32 = 124;
 
@@ -49,6 +52,7 @@ impl From<ClientError> for Failure {
             ClientError::Api { status: 404, .. } => NOT_FOUND,
             ClientError::Api { status: 409, .. } => CONFLICT,
             ClientError::Api { status: 403, .. } => UNTRUSTED,
+            ClientError::Api { status: 503, .. } => BUSY,
             ClientError::Connect { .. } => UNAVAILABLE,
             _ => INTERNAL,
         };
