@@ -144,10 +144,12 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         .context("start warm pools")?;
     let app = server::router(manager.clone(), coordinator.clone(), pools.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
-    let m = manager.clone();
+    // Nor would takes waiting on an empty pool, for their timeout.
+    let (m, p) = (manager.clone(), pools.clone());
     let shutdown = async move {
         shutdown.await;
         m.end_turn_streams();
+        p.end_takes();
     };
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let served = serve.await.context("serve api");

@@ -326,8 +326,30 @@ fn a_take_on_a_full_host_waits_then_says_why() {
         let got = got.unwrap_or_else(|e| panic!("take after room: {e}\n{}", d.log()));
         assert_ne!(got.id, first.id);
         assert_ne!(got.id, second.id);
-        remove_pool(&d, "p").await.unwrap();
+        // Full again: a take that waits is answered as soon as drumsd is
+        // told to stop, not after its timeout.
+        let pid: i32 = std::fs::read_to_string(d.state.path().join("drumsd.lock"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let waiter = take(&d, "p", 600_000);
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
+        };
+        let started = Instant::now();
+        let (e, ()) = tokio::join!(waiter, stopper);
+        let e = e.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60), "{e}");
+        assert_eq!(api_status(&e), 503, "{e}");
+        assert!(e.to_string().contains("drumsd is stopping"), "{e}");
     });
+    // Stopping, already: the pool stays recorded, every session goes.
     d.stop_and_check_leaks();
 }
 

@@ -41,6 +41,9 @@ const BATCH: usize = 4;
 pub struct Pools {
     manager: Arc<Manager>,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// drumsd is stopping: waiting takes answer at once instead of holding
+    /// the graceful shutdown for their timeout.
+    stopping: AtomicBool,
 }
 
 /// What a pool has besides its row: its refill task and its takers' signal.
@@ -91,6 +94,7 @@ impl Pools {
         let pools = Arc::new(Pools {
             manager,
             live: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
         });
         let records = pools.manager.catalog.pools()?;
         let known: std::collections::HashSet<&str> =
@@ -243,7 +247,10 @@ impl Pools {
             }
             live.wake.notify_one();
             let now = Instant::now();
-            if now >= deadline || live.closing.load(Ordering::Acquire) {
+            if now >= deadline
+                || live.closing.load(Ordering::Acquire)
+                || self.stopping.load(Ordering::Acquire)
+            {
                 return Err(self.empty(&live, started.elapsed()));
             }
             // A refill's end, or the deadline.
@@ -268,11 +275,16 @@ impl Pools {
             .pool_members(&live.record.id)
             .map(|m| m.iter().filter(|s| s.state == "creating").count())
             .unwrap_or(0);
-        let why = match live.waiting_on() {
-            Some(why) => why,
-            None if restoring > 0 => format!("{restoring} member(s) still being restored"),
-            None if live.closing.load(Ordering::Acquire) => "the pool is being removed".into(),
-            None => "its refill has not started a member yet".into(),
+        let why = if self.stopping.load(Ordering::Acquire) {
+            "drumsd is stopping".into()
+        } else if live.closing.load(Ordering::Acquire) {
+            "the pool is being removed".into()
+        } else {
+            match live.waiting_on() {
+                Some(why) => why,
+                None if restoring > 0 => format!("{restoring} member(s) still being restored"),
+                None => "its refill has not started a member yet".into(),
+            }
         };
         SessionError::PoolEmpty {
             pool: live.record.name.clone(),
@@ -317,6 +329,15 @@ impl Pools {
             if let Err(e) = task.await {
                 warn!(pool = %live.record.name, "refill task: {e}");
             }
+        }
+    }
+
+    /// drumsd received its stop signal: takes waiting for a member answer
+    /// now, so that they do not hold the graceful shutdown.
+    pub fn end_takes(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for l in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            l.refilled.send_modify(|n| *n += 1);
         }
     }
 
