@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket as pysocket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -273,6 +274,7 @@ class AsyncClient:
         try:
             return await self._http.send(req, stream=stream)
         except httpx.ConnectError as e:
+            _close_failed_socket(e)
             # Nothing listens (no socket, or a dead daemon's): the request was
             # never sent, so it is safe to start a daemon and send it again.
             if not self.autostart:
@@ -365,6 +367,26 @@ def _decode(r: httpx.Response) -> object:
             status=r.status_code,
             request_id=r.headers.get("x-request-id"),
         ) from e
+
+
+def _close_failed_socket(e: BaseException) -> None:
+    """Close the socket a failed unix connect leaves open.
+
+    httpcore's sync backend (1.0) does not close the socket whose
+    `connect()` failed; it lives on in the traceback's frames until the
+    garbage collector warns about it. The frames are this exception's own.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        tb = cur.__traceback__
+        while tb is not None:
+            for v in tb.tb_frame.f_locals.values():
+                if isinstance(v, pysocket.socket):
+                    v.close()
+            tb = tb.tb_next
+        cur = cur.__context__
 
 
 def _tail(path: Path, n: int) -> str:
