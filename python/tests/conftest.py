@@ -10,13 +10,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 import drums
+from tests import spec
 from tests.daemon import Daemon, pick_k, preconditions
 
 _SKIPPED: list[str] = []
+# Every operation a test sent to the run's drumsd (through the fixtures'
+# clients): a full run must have sent each one of the spec's.
+_EXERCISED: set[str] = set()
+_TESTS = Path(__file__).resolve().parent
+
+
+def _record(request: httpx.Request) -> None:
+    op = spec.operation_of(request.method, request.url.path)
+    if op is not None:
+        _EXERCISED.add(op)
+
+
+async def _arecord(request: httpx.Request) -> None:
+    _record(request)
 
 
 def require_daemon() -> None:
@@ -27,6 +44,26 @@ def require_daemon() -> None:
         pytest.fail(f"{why}. DRUMS_REQUIRE_ROOT_TESTS=1: NOT SKIPPED, failing on purpose")
     _SKIPPED.append(why)
     pytest.skip(f"SKIPPED, NOT PASSED: {why}")
+
+
+def _full_run(config: pytest.Config) -> bool:
+    return (
+        not config.option.keyword
+        and not config.option.markexpr
+        and not config.option.deselect
+        and all(Path(a).resolve() == _TESTS for a in config.args)
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A full, green run against a daemon fails if some operation of the spec
+    was never sent to it by any test."""
+    if exitstatus != 0 or _SKIPPED or not _EXERCISED or not _full_run(session.config):
+        return
+    missing = sorted({op for op, _, _ in spec.operations()} - _EXERCISED)
+    if missing:
+        print(f"\nFAILED: operations no test sent to drumsd: {', '.join(missing)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -42,6 +79,9 @@ def daemon() -> Iterator[Daemon]:
     require_daemon()
     d = Daemon(pick_k())
     d.start()
+    with drums.Client(d.socket, autostart=False) as c:
+        # The images directory is the host's: a test's own images must go.
+        d.images_before = {i.id or i.name for i in c.images.list()}
     try:
         yield d
     finally:
@@ -57,6 +97,7 @@ def anyio_backend() -> str:
 def client(daemon: Daemon) -> Iterator[drums.Client]:
     """A client of the run's drumsd (autostart off: a dead daemon must fail)."""
     with drums.Client(daemon.socket, autostart=False) as c:
+        c._http.event_hooks["request"].append(_record)
         yield c
 
 
@@ -64,6 +105,7 @@ def client(daemon: Daemon) -> Iterator[drums.Client]:
 async def async_client(daemon: Daemon) -> AsyncIterator[drums.AsyncClient]:
     """An async client of the run's drumsd, on the test's event loop."""
     async with drums.AsyncClient(daemon.socket, autostart=False) as c:
+        c._http.event_hooks["request"].append(_arecord)
         yield c
 
 
@@ -90,5 +132,9 @@ def _leaves_nothing(request: pytest.FixtureRequest) -> Iterator[None]:
         for ck in c.checkpoints.list():
             left.append(f"checkpoint {ck.name}")
             ck.remove()
+        for img in c.images.list():
+            if (img.id or img.name) not in d.images_before:
+                left.append(f"image {img.names or img.id}")
+                c.images.remove(img.id or img.name)
         assert not left, f"the test left {', '.join(left)} behind"
         assert not d.veths(), f"veths left on {d.bridge}: {d.veths()}"

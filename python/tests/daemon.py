@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_DIR = Path("/var/lib/drums/images")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_SESSION_ID = re.compile(r"\bsession=([0-9a-f]{12})\b")
+_SESSION_IDS = re.compile(r"\bsessions?=\"?([0-9a-f]{12}(?:,[0-9a-f]{12})*)")
 
 
 def bin_dir() -> Path:
@@ -53,6 +53,7 @@ class Daemon:
         self.subnet = f"10.216.{k}.0/24"
         self.cgroup_parent = f"drums-py-{k}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.images_before: set[str] = set()
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
@@ -109,7 +110,9 @@ class Daemon:
             code = self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.kill9()
-            raise RuntimeError(f"drumsd did not stop within 60 s of SIGTERM:\n{self.log()}") from None
+            raise RuntimeError(
+                f"drumsd did not stop within 60 s of SIGTERM:\n{self.log()}"
+            ) from None
         self.proc = None
         if code != 0:
             raise RuntimeError(f"drumsd exited with {code}:\n{self.log()}")
@@ -134,7 +137,8 @@ class Daemon:
 
     def session_ids(self) -> set[str]:
         """Every session the log names: their veths are `drums<id[:10]>`."""
-        return set(_SESSION_ID.findall(_ANSI.sub("", self.log())))
+        found = _SESSION_IDS.findall(_ANSI.sub("", self.log()))
+        return {sid for ids in found for sid in ids.split(",")}
 
     def leaks(self) -> list[str]:
         out: list[str] = []

@@ -44,9 +44,7 @@ async def test_write_read_list_exists_remove(async_client: drums.AsyncClient) ->
 
 
 @pytest.mark.anyio
-async def test_big_files_stream_both_ways(
-    async_client: drums.AsyncClient, tmp_path: Path
-) -> None:
+async def test_big_files_stream_both_ways(async_client: drums.AsyncClient, tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     data = os.urandom(1 << 20) * 9  # 9 MiB: many chunks each way
     src.write_bytes(data)

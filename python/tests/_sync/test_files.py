@@ -43,9 +43,7 @@ def test_write_read_list_exists_remove(client: drums.Client) -> None:
         sb.files.remove("/tmp/never-was")  # no error: rm -rf
 
 
-def test_big_files_stream_both_ways(
-    client: drums.Client, tmp_path: Path
-) -> None:
+def test_big_files_stream_both_ways(client: drums.Client, tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     data = os.urandom(1 << 20) * 9  # 9 MiB: many chunks each way
     src.write_bytes(data)
