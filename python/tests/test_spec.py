@@ -20,12 +20,36 @@ from tests import spec
 
 MODELS: dict[str, type[Any]] = {
     name: getattr(m, name)
-    for name in (
-        "Version HostKey Limits Session SessionStats SessionList Image ImageRef ImageList "
-        "TurnBegun TurnEffects TurnCheckpoint ArtifactCost SessionVersion SessionVersions "
-        "CoordinatedTurns CoordinatedTurn Job AgentMarked Written DirListing Checkpoint "
-        "CheckpointList RestoreResult AuditCheck AuditReport Pool PoolList"
-    ).split()
+    for name in [
+        "Version",
+        "HostKey",
+        "Limits",
+        "Session",
+        "SessionStats",
+        "SessionList",
+        "Image",
+        "ImageRef",
+        "ImageList",
+        "TurnBegun",
+        "TurnEffects",
+        "TurnCheckpoint",
+        "ArtifactCost",
+        "SessionVersion",
+        "SessionVersions",
+        "CoordinatedTurns",
+        "CoordinatedTurn",
+        "Job",
+        "AgentMarked",
+        "Written",
+        "DirListing",
+        "Checkpoint",
+        "CheckpointList",
+        "RestoreResult",
+        "AuditCheck",
+        "AuditReport",
+        "Pool",
+        "PoolList",
+    ]
 }
 
 # Inline objects of the spec that the SDK returns as models of their own.
@@ -120,7 +144,7 @@ def _type_ok(hint: Any, prop: dict[str, Any]) -> bool:
         prop = prop["allOf"][0]
     if "$ref" in prop:
         return bool(MODELS.get(prop["$ref"].rsplit("/", 1)[1]) is hint)
-    t = prop.get("type")
+    t = str(prop.get("type"))
     if t == "array":
         return typing.get_origin(hint) is tuple and _type_ok(args[0], prop["items"])
     if t == "object":

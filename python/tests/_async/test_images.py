@@ -70,13 +70,14 @@ async def test_import_oci_archive(
     archive = tmp_path / "image.tar"
     reg.to_oci_archive(layout, "v1", archive)
     got = await async_client.images.import_(archive)
-    assert got.id
+    assert got.id is not None
     try:
         assert any(i.id == got.id for i in await async_client.images.list())
     finally:
         await async_client.images.remove(got.id)
     with open(archive, "rb") as f:
         again = await async_client.images.import_(f)
+    assert again.id is not None
     await async_client.images.remove(again.id)
     with pytest.raises(drums.InvalidArgument):
         await async_client.images.import_(__file__)  # not an archive

@@ -177,7 +177,7 @@ async def test_bad_input(async_client: drums.AsyncClient) -> None:
         with pytest.raises(TypeError):
             await sb.commands.run(["echo", 1])  # type: ignore[list-item]
         with pytest.raises(TypeError):
-            await sb.commands.run(b"echo")  # type: ignore[call-overload]
+            await sb.commands.run(b"echo")  # type: ignore[arg-type]
         with pytest.raises(drums.NotFound):
             await sb.commands.run("true", cwd="/no/such/dir")
         with pytest.raises(drums.PermissionDenied):

@@ -69,13 +69,14 @@ def test_import_oci_archive(
     archive = tmp_path / "image.tar"
     reg.to_oci_archive(layout, "v1", archive)
     got = client.images.import_(archive)
-    assert got.id
+    assert got.id is not None
     try:
         assert any(i.id == got.id for i in client.images.list())
     finally:
         client.images.remove(got.id)
     with open(archive, "rb") as f:
         again = client.images.import_(f)
+    assert again.id is not None
     client.images.remove(again.id)
     with pytest.raises(drums.InvalidArgument):
         client.images.import_(__file__)  # not an archive

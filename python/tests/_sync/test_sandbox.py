@@ -172,7 +172,7 @@ def test_bad_input(client: drums.Client) -> None:
         with pytest.raises(TypeError):
             sb.commands.run(["echo", 1])  # type: ignore[list-item]
         with pytest.raises(TypeError):
-            sb.commands.run(b"echo")  # type: ignore[call-overload]
+            sb.commands.run(b"echo")  # type: ignore[arg-type]
         with pytest.raises(drums.NotFound):
             sb.commands.run("true", cwd="/no/such/dir")
         with pytest.raises(drums.PermissionDenied):

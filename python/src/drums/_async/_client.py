@@ -294,13 +294,16 @@ class AsyncClient:
     async def _ping(self) -> bool:
         try:
             r = await self._http.get("/v1/version", timeout=5.0)
-        except httpx.TransportError:
+        except httpx.TransportError as e:
+            _close_failed_socket(e)
             return False
         return r.status_code == 200
 
     async def _autostart(self) -> None:
         """Start drumsd as the CLI does and wait up to 60 s for it to answer."""
         async with self._start_lock:
+            # Reap daemons this process started that have exited since.
+            _STARTED[:] = [p for p in _STARTED if p.poll() is None]
             if await self._ping():  # another task or thread started it meanwhile
                 return
             exe = self._drumsd or os.environ.get("DRUMS_DRUMSD") or shutil.which("drumsd")
