@@ -191,3 +191,16 @@ async def test_dead_daemon_is_daemon_unavailable(tmp_path: object) -> None:
     async with drums.AsyncClient(f"{tmp_path}/nothing.sock", autostart=False) as c:
         with pytest.raises(drums.DaemonUnavailable, match="autostart is off"):
             await c.version()
+
+
+@pytest.mark.anyio
+async def test_an_error_before_the_body_is_read_spoils_no_later_call(
+    async_client: drums.AsyncClient,
+) -> None:
+    # drumsd answers 413 to a body over 1 MiB without reading it all, then
+    # closes; the pooled connection must not carry the next call.
+    for _ in range(20):
+        with pytest.raises(drums.InvalidArgument) as e:
+            await drums.AsyncSandbox.create(name="x" * (2 << 20), client=async_client)
+        assert e.value.status == 413
+        assert (await async_client.version()).api == "v1"

@@ -185,3 +185,15 @@ def test_dead_daemon_is_daemon_unavailable(tmp_path: object) -> None:
     with drums.Client(f"{tmp_path}/nothing.sock", autostart=False) as c:
         with pytest.raises(drums.DaemonUnavailable, match="autostart is off"):
             c.version()
+
+
+def test_an_error_before_the_body_is_read_spoils_no_later_call(
+    client: drums.Client,
+) -> None:
+    # drumsd answers 413 to a body over 1 MiB without reading it all, then
+    # closes; the pooled connection must not carry the next call.
+    for _ in range(20):
+        with pytest.raises(drums.InvalidArgument) as e:
+            drums.Sandbox.create(name="x" * (2 << 20), client=client)
+        assert e.value.status == 413
+        assert (client.version()).api == "v1"

@@ -68,14 +68,14 @@ class AsyncCheckpoint:
         body: dict[str, Any] = {"count": count}
         if name is not None:
             body["name"] = name
-        res = await self._client.call_json(
+        res = await self._client._call_json(
             RestoreResult, "POST", f"{self._base}/restore", body=body
         )
         return [AsyncSandbox(s, client=self._client) for s in res.sessions]
 
     async def remove(self) -> None:
         """Remove the checkpoint."""
-        await self._client.request("DELETE", self._base)
+        await self._client._request("DELETE", self._base)
 
     async def export(self, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Stream the checkpoint's signed archive to a file, a chunk at a time.
@@ -102,7 +102,7 @@ class AsyncCheckpoint:
 
     async def _export_to(self, f: IO[bytes]) -> int:
         n = 0
-        async with self._client.stream("GET", f"{self._base}/export") as r:
+        async with self._client._stream("GET", f"{self._base}/export") as r:
             try:
                 async for chunk in r.aiter_bytes(_CHUNK):
                     f.write(chunk)
@@ -138,19 +138,19 @@ class AsyncCheckpoints:
         if name is not None:
             body["name"] = name
         c = self._client
-        info = await c.call_json(CheckpointInfo, "POST", "/v1/checkpoints", body=body)
+        info = await c._call_json(CheckpointInfo, "POST", "/v1/checkpoints", body=body)
         return AsyncCheckpoint(info, client=c)
 
     async def list(self) -> builtins.list[AsyncCheckpoint]:
         """Every published checkpoint."""
         c = self._client
-        cl = await c.get_json(CheckpointList, "/v1/checkpoints")
+        cl = await c._get_json(CheckpointList, "/v1/checkpoints")
         return [AsyncCheckpoint(i, client=c) for i in cl.checkpoints]
 
     async def get(self, id_or_name: str) -> AsyncCheckpoint:
         """The checkpoint `id_or_name`."""
         c = self._client
-        info = await c.get_json(CheckpointInfo, f"/v1/checkpoints/{seg(id_or_name)}")
+        info = await c._get_json(CheckpointInfo, f"/v1/checkpoints/{seg(id_or_name)}")
         return AsyncCheckpoint(info, client=c)
 
     async def import_(
@@ -164,7 +164,7 @@ class AsyncCheckpoints:
         headers = {"content-type": "application/x-tar"}
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
-                info = await c.call_json(
+                info = await c._call_json(
                     CheckpointInfo,
                     "POST",
                     "/v1/checkpoints/import",
@@ -173,7 +173,7 @@ class AsyncCheckpoints:
                     headers=headers,
                 )
         else:
-            info = await c.call_json(
+            info = await c._call_json(
                 CheckpointInfo,
                 "POST",
                 "/v1/checkpoints/import",

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from drums import _parse
-from drums._backends import AsyncLock, async_sleep
+from drums._backends import AsyncLock, abort_response, async_sleep
 from drums._errors import DaemonUnavailable, DrumsError, error_from_response
 from drums.models import AuditReport, HostKey, Version
 
@@ -132,30 +132,30 @@ class AsyncClient:
 
     async def version(self) -> Version:
         """drumsd's version, API version, pid and state directory."""
-        return await self.get_json(Version, "/v1/version")
+        return await self._get_json(Version, "/v1/version")
 
     async def host_key(self) -> HostKey:
         """The public key this host signs checkpoint archives with."""
-        return await self.get_json(HostKey, "/v1/keys/host")
+        return await self._get_json(HostKey, "/v1/keys/host")
 
     async def audit(self, a: str, b: str) -> AuditReport:
         """Isolation and clone checks between sessions `a` and `b` (ids or names)."""
-        return await self.get_json(AuditReport, "/v1/audit", params={"a": a, "b": b})
+        return await self._get_json(AuditReport, "/v1/audit", params={"a": a, "b": b})
 
     async def openapi(self) -> str:
         """The API document drumsd serves (YAML text)."""
-        r = await self.request("GET", "/openapi.yaml")
+        r = await self._request("GET", "/openapi.yaml")
         return r.text
 
     # ---- plumbing (private to the SDK) -----------------------------------
 
-    async def get_json(
+    async def _get_json(
         self, cls: type[T], path: str, *, params: Mapping[str, str] | None = None
     ) -> T:
-        r = await self.request("GET", path, params=params)
+        r = await self._request("GET", path, params=params)
         return _parse.parse(cls, _decode(r))
 
-    async def call_json(
+    async def _call_json(
         self,
         cls: type[T],
         method: str,
@@ -167,7 +167,7 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         timeout: float | object | None = ...,
     ) -> T:
-        r = await self.request(
+        r = await self._request(
             method,
             path,
             json=body,
@@ -178,7 +178,7 @@ class AsyncClient:
         )
         return _parse.parse(cls, _decode(r))
 
-    async def request(
+    async def _request(
         self,
         method: str,
         path: str,
@@ -193,11 +193,12 @@ class AsyncClient:
         req = self._build(method, path, json, params, content, headers, timeout)
         r = await self._send(req, stream=False)
         if r.status_code >= 400:
+            _drop_connection_after_error(req, r)
             raise error_from_response(r.status_code, r.content, r.headers.get("x-request-id"))
         return r
 
     @asynccontextmanager
-    async def stream(
+    async def _stream(
         self,
         method: str,
         path: str,
@@ -210,7 +211,7 @@ class AsyncClient:
         """A call whose answer is read as it comes (no read timeout: a stream
         lasts as long as its command, or its subscriber). Leaving the block
         closes the connection, which for an exec kills the command."""
-        r = await self.open_stream(
+        r = await self._open_stream(
             method, path, json=json, params=params, content=content, headers=headers
         )
         try:
@@ -218,7 +219,7 @@ class AsyncClient:
         finally:
             await r.aclose()
 
-    async def open_stream(
+    async def _open_stream(
         self,
         method: str,
         path: str,
@@ -236,6 +237,7 @@ class AsyncClient:
             try:
                 body = await self._read_all(r)
             finally:
+                _drop_connection_after_error(req, r)
                 await r.aclose()
             raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
         return r
@@ -351,7 +353,7 @@ class AsyncDebug:
         """Arm fault `point` (such as `create.subvolume`); None disarms. With
         `hold`, the step waits at the point until drumsd is killed."""
         c = self._client or _default()
-        await c.request("POST", "/v1/debug/faults", json={"point": point, "hold": hold})
+        await c._request("POST", "/v1/debug/faults", json={"point": point, "hold": hold})
 
 
 def _default() -> AsyncClient:
@@ -370,6 +372,20 @@ def _decode(r: httpx.Response) -> object:
             status=r.status_code,
             request_id=r.headers.get("x-request-id"),
         ) from e
+
+
+def _drop_connection_after_error(req: httpx.Request, r: httpx.Response) -> None:
+    """Keep no connection that answered an error to a request with a body.
+
+    drumsd may answer (404 for no route, 413, 415) before it has read the
+    body, then close the connection with that body unread: the kernel resets
+    it, and the next request sent on it from the pool fails with "connection
+    reset". Shutting the socket now makes the pool see it closed and open a
+    new one. Errors are rare, so this costs nothing on the common path.
+    """
+    if req.method in ("GET", "HEAD", "DELETE") and "content-length" not in req.headers:
+        return
+    abort_response(r)
 
 
 def _close_failed_socket(e: BaseException) -> None:

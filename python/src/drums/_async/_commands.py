@@ -257,7 +257,7 @@ class AsyncCommands:
             raise TypeError(f"timeout must be a number of seconds or None, not {timeout!r}")
         argv = argv_of(cmd)
         body = exec_body(argv, cwd=cwd, envs=envs, user=user, timeout=timeout)
-        r = await self._client.open_stream("POST", self._path, json=body)
+        r = await self._client._open_stream("POST", self._path, json=body)
         handle = AsyncCommandHandle(r, on_stdout, on_stderr, check, argv)
         if background:
             handle._start_background()
@@ -279,7 +279,7 @@ class AsyncCommands:
         session (default /dev/null), appended. Returns its pid in the session."""
         argv = argv_of(cmd)
         body = exec_body(argv, cwd=cwd, envs=envs, user=user, timeout=timeout, detach=True, log=log)
-        r = await self._client.request("POST", self._path, json=body)
+        r = await self._client._request("POST", self._path, json=body)
         try:
             pid = json.loads(r.content)["pid"]
         except (ValueError, KeyError, TypeError) as e:

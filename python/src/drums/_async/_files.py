@@ -102,7 +102,7 @@ class AsyncFiles:
         _check_path(path)
         if format not in ("text", "bytes", "stream"):
             raise ValueError(f"format must be 'text', 'bytes' or 'stream', not {format!r}")
-        r = await self._client.open_stream("GET", f"{self._base}/files", params={"path": path})
+        r = await self._client._open_stream("GET", f"{self._base}/files", params={"path": path})
         stream = AsyncFileStream(r, path)
         if format == "stream":
             return stream
@@ -146,7 +146,7 @@ class AsyncFiles:
         m = octal_mode(mode)
         if m is not None:
             params["mode"] = m
-        return await self._client.call_json(
+        return await self._client._call_json(
             Written,
             "PUT",
             f"{self._base}/files",
@@ -158,7 +158,7 @@ class AsyncFiles:
     async def list(self, path: str) -> builtins.list[DirEntry]:
         """A directory's entries, sorted by name (symlinks are not followed)."""
         _check_path(path)
-        listing = await self._client.get_json(
+        listing = await self._client._get_json(
             DirListing, f"{self._base}/dir", params={"path": path}
         )
         return builtins.list(listing.entries)

@@ -40,7 +40,7 @@ class AsyncImages:
 
     async def list(self) -> builtins.list[Image]:
         """Every image in the store."""
-        il = await self._client.get_json(ImageList, "/v1/images")
+        il = await self._client._get_json(ImageList, "/v1/images")
         return builtins.list(il.images)
 
     async def pull(
@@ -66,7 +66,7 @@ class AsyncImages:
             body["username"] = username
         if password is not None:
             body["password"] = password
-        async with self._client.stream("POST", "/v1/images/pull", json=body) as r:
+        async with self._client._stream("POST", "/v1/images/pull", json=body) as r:
             if not r.headers.get("content-type", "").startswith("application/x-ndjson"):
                 # Every layer was stored already: the answer is the ImageRef.
                 return _parse.parse(ImageRef, json.loads(await r.aread()))
@@ -90,7 +90,7 @@ class AsyncImages:
     async def remove(self, ref: str) -> ImageRef:
         """Remove an image by reference or id (with the layers no other image
         uses); a reference of an image with others only goes from it."""
-        r = await self._client.request("DELETE", f"/v1/images/{seg(ref)}")
+        r = await self._client._request("DELETE", f"/v1/images/{seg(ref)}")
         return _parse.parse(ImageRef, json.loads(r.content))
 
     async def import_(self, src: str | os.PathLike[str] | IO[bytes]) -> ImageRef:
@@ -100,9 +100,9 @@ class AsyncImages:
         headers = {"content-type": "application/x-tar"}
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
-                return await c.call_json(
+                return await c._call_json(
                     ImageRef, "POST", "/v1/images/import", content=file_chunks(f), headers=headers
                 )
-        return await c.call_json(
+        return await c._call_json(
             ImageRef, "POST", "/v1/images/import", content=file_chunks(src), headers=headers
         )

@@ -28,10 +28,10 @@ class AsyncJobs:
     async def get(self, id: str, *, wait: bool = False) -> Job:
         """Job `id`; with `wait`, once it finished (done or failed)."""
         params = {"wait": "true"} if wait else None
-        return await self._client.call_json(
+        return await self._client._call_json(
             Job, "GET", f"/v1/jobs/{seg(id)}", params=params, timeout=None if wait else ...
         )
 
     async def promote(self, id: str) -> Job:
         """Move queued job `id` to the high-priority queue (its caller now waits for it)."""
-        return await self._client.call_json(Job, "POST", f"/v1/jobs/{seg(id)}/promote")
+        return await self._client._call_json(Job, "POST", f"/v1/jobs/{seg(id)}/promote")

@@ -79,7 +79,7 @@ class AsyncPool:
     async def connect(cls, id_or_name: str, *, client: AsyncClient | None = None) -> AsyncPool:
         """The existing pool `id_or_name` (leaving a `with` block on it removes it)."""
         c = _client_or_default(client)
-        info = await c.get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
+        info = await c._get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
         pool = cls(info.checkpoint, size=info.size, name=info.name, client=c)
         pool._info = info
         return pool
@@ -105,7 +105,7 @@ class AsyncPool:
                 body: dict[str, Any] = {"checkpoint": self._checkpoint, "size": self._size}
                 if self._name is not None:
                     body["name"] = self._name
-                self._info = await self._client.call_json(PoolInfo, "POST", "/v1/pools", body=body)
+                self._info = await self._client._call_json(PoolInfo, "POST", "/v1/pools", body=body)
             return self._info
 
     async def _id(self) -> str:
@@ -117,7 +117,7 @@ class AsyncPool:
     async def info(self) -> PoolInfo:
         """How the pool stands now: ready, restoring, taken, and why it is short."""
         pid = await self._id()
-        self._info = await self._client.get_json(PoolInfo, f"/v1/pools/{seg(pid)}")
+        self._info = await self._client._get_json(PoolInfo, f"/v1/pools/{seg(pid)}")
         return self._info
 
     async def take(self, timeout: float = 30.0) -> AsyncSandbox:
@@ -131,7 +131,7 @@ class AsyncPool:
             raise TypeError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
         pid = await self._id()
         c = self._client
-        info = await c.call_json(
+        info = await c._call_json(
             Session,
             "POST",
             f"/v1/pools/{seg(pid)}/take",
@@ -146,7 +146,7 @@ class AsyncPool:
         if self._info is None:
             return False
         try:
-            await self._client.request("DELETE", f"/v1/pools/{seg(self._info.id)}")
+            await self._client._request("DELETE", f"/v1/pools/{seg(self._info.id)}")
         except NotFound:
             return False
         return True
@@ -167,9 +167,9 @@ class AsyncPools:
 
     async def list(self) -> builtins.list[PoolInfo]:
         """Every pool."""
-        pl = await _client_or_default(self._c).get_json(PoolList, "/v1/pools")
+        pl = await _client_or_default(self._c)._get_json(PoolList, "/v1/pools")
         return builtins.list(pl.pools)
 
     async def get(self, id_or_name: str) -> PoolInfo:
         """Pool `id_or_name` as it stands."""
-        return await _client_or_default(self._c).get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
+        return await _client_or_default(self._c)._get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")

@@ -62,7 +62,7 @@ class AsyncTurnStream:
         """Connect now (iterating connects too); raises `NotFound` for a
         session that is gone."""
         if self._r is None:
-            self._r = await self._client.open_stream("GET", self._path)
+            self._r = await self._client._open_stream("GET", self._path)
             self._lines = self._r.aiter_lines()
         return self
 
@@ -109,7 +109,7 @@ class AsyncTurn:
 
     async def begin(self) -> TurnBegun:
         """A turn begins; the first one starts inspecting the session."""
-        return await self._client.call_json(TurnBegun, "POST", f"{self._base}/turn/begin")
+        return await self._client._call_json(TurnBegun, "POST", f"{self._base}/turn/begin")
 
     async def end(
         self,
@@ -133,7 +133,7 @@ class AsyncTurn:
             body["policy"] = policy
         if wait is not None:
             body["wait"] = wait
-        return await self._client.call_json(
+        return await self._client._call_json(
             TurnEffects, "POST", f"{self._base}/turn/end", body=body
         )
 
@@ -254,12 +254,12 @@ class AsyncSandbox:
 
     async def refresh(self) -> Session:
         """Ask drumsd again; updates and returns `info`."""
-        self._info = await self._client.get_json(Session, self._base)
+        self._info = await self._client._get_json(Session, self._base)
         return self._info
 
     async def stats(self) -> SessionStats:
         """What the session's cgroup accounts now (memory, tasks)."""
-        return await self._client.get_json(SessionStats, f"{self._base}/stats")
+        return await self._client._get_json(SessionStats, f"{self._base}/stats")
 
     # ---- ending -------------------------------------------------------------
 
@@ -267,7 +267,7 @@ class AsyncSandbox:
         """Remove the session and everything it owns. Returns False if it was
         already gone."""
         try:
-            await self._client.request("DELETE", self._base)
+            await self._client._request("DELETE", self._base)
         except NotFound:
             return False
         return True
@@ -322,12 +322,12 @@ class AsyncSandbox:
             body["keep"] = True
         if name is not None:
             body["name"] = name
-        res = await self._client.call_json(RestoreResult, "POST", f"{self._base}/fork", body=body)
+        res = await self._client._call_json(RestoreResult, "POST", f"{self._base}/fork", body=body)
         return [AsyncSandbox(s, client=self._client) for s in res.sessions]
 
     async def versions(self) -> builtins.list[SessionVersion]:
         """The session's versions, oldest first, in every state."""
-        v = await self._client.get_json(SessionVersions, f"{self._base}/versions")
+        v = await self._client._get_json(SessionVersions, f"{self._base}/versions")
         return builtins.list(v.versions)
 
     async def rollback(self, to: str | int | None = None) -> Session:
@@ -335,7 +335,7 @@ class AsyncSandbox:
         version `to` (id, name or number; default: the one it is at). Returns
         and keeps the new `info`."""
         body: dict[str, Any] = {} if to is None else {"to": str(to)}
-        self._info = await self._client.call_json(
+        self._info = await self._client._call_json(
             Session, "POST", f"{self._base}/rollback", body=body
         )
         return self._info
@@ -343,13 +343,13 @@ class AsyncSandbox:
     async def recover(self) -> Session:
         """Bring back a session whose processes died, from its newest done
         version, under the same identity. Returns and keeps the new `info`."""
-        self._info = await self._client.call_json(Session, "POST", f"{self._base}/recover")
+        self._info = await self._client._call_json(Session, "POST", f"{self._base}/recover")
         return self._info
 
     async def turns(self) -> builtins.list[Any]:
         """What the coordinator's LLM proxy saw of this session: one
         `CoordinatedTurn` per model request, oldest first."""
-        t = await self._client.get_json(CoordinatedTurns, f"{self._base}/coordinator")
+        t = await self._client._get_json(CoordinatedTurns, f"{self._base}/coordinator")
         return builtins.list(t.turns)
 
     async def mark_agent(self, pid: int) -> AgentMarked:
@@ -357,7 +357,7 @@ class AsyncSandbox:
         descendants of now are left out of the inspector's process tracking."""
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise TypeError(f"pid must be an int, not {pid!r}")
-        return await self._client.call_json(
+        return await self._client._call_json(
             AgentMarked, "POST", f"{self._base}/agent", body={"pid": pid}
         )
 
@@ -369,7 +369,7 @@ class AsyncSandbox:
     async def stop_inspecting(self) -> None:
         """Stop inspecting the session (the eBPF programs unload with the last
         inspected session)."""
-        await self._client.request("DELETE", f"{self._base}/turns")
+        await self._client._request("DELETE", f"{self._base}/turns")
 
     # ---- desktop --------------------------------------------------------------
 
@@ -470,17 +470,17 @@ class AsyncSandboxes:
             body["desktop"] = {
                 k: v for k, v in (("url", desktop_url), ("screen", screen)) if v is not None
             }
-        info = await self._client.call_json(Session, "POST", "/v1/sessions", body=body)
+        info = await self._client._call_json(Session, "POST", "/v1/sessions", body=body)
         return AsyncSandbox(info, client=self._client)
 
     async def connect(self, id_or_name: str) -> AsyncSandbox:
         """The existing session `id_or_name`."""
         if not isinstance(id_or_name, str):
             raise TypeError(f"id_or_name must be a str, not {type(id_or_name).__name__}")
-        info = await self._client.get_json(Session, f"/v1/sessions/{seg(id_or_name)}")
+        info = await self._client._get_json(Session, f"/v1/sessions/{seg(id_or_name)}")
         return AsyncSandbox(info, client=self._client)
 
     async def list(self) -> builtins.list[AsyncSandbox]:
         """Every session of the daemon."""
-        sl = await self._client.get_json(SessionList, "/v1/sessions")
+        sl = await self._client._get_json(SessionList, "/v1/sessions")
         return [AsyncSandbox(s, client=self._client) for s in sl.sessions]

@@ -69,14 +69,14 @@ class Checkpoint:
         body: dict[str, Any] = {"count": count}
         if name is not None:
             body["name"] = name
-        res = self._client.call_json(
+        res = self._client._call_json(
             RestoreResult, "POST", f"{self._base}/restore", body=body
         )
         return [Sandbox(s, client=self._client) for s in res.sessions]
 
     def remove(self) -> None:
         """Remove the checkpoint."""
-        self._client.request("DELETE", self._base)
+        self._client._request("DELETE", self._base)
 
     def export(self, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Stream the checkpoint's signed archive to a file, a chunk at a time.
@@ -103,7 +103,7 @@ class Checkpoint:
 
     def _export_to(self, f: IO[bytes]) -> int:
         n = 0
-        with self._client.stream("GET", f"{self._base}/export") as r:
+        with self._client._stream("GET", f"{self._base}/export") as r:
             try:
                 for chunk in r.iter_bytes(_CHUNK):
                     f.write(chunk)
@@ -139,19 +139,19 @@ class Checkpoints:
         if name is not None:
             body["name"] = name
         c = self._client
-        info = c.call_json(CheckpointInfo, "POST", "/v1/checkpoints", body=body)
+        info = c._call_json(CheckpointInfo, "POST", "/v1/checkpoints", body=body)
         return Checkpoint(info, client=c)
 
     def list(self) -> builtins.list[Checkpoint]:
         """Every published checkpoint."""
         c = self._client
-        cl = c.get_json(CheckpointList, "/v1/checkpoints")
+        cl = c._get_json(CheckpointList, "/v1/checkpoints")
         return [Checkpoint(i, client=c) for i in cl.checkpoints]
 
     def get(self, id_or_name: str) -> Checkpoint:
         """The checkpoint `id_or_name`."""
         c = self._client
-        info = c.get_json(CheckpointInfo, f"/v1/checkpoints/{seg(id_or_name)}")
+        info = c._get_json(CheckpointInfo, f"/v1/checkpoints/{seg(id_or_name)}")
         return Checkpoint(info, client=c)
 
     def import_(
@@ -165,7 +165,7 @@ class Checkpoints:
         headers = {"content-type": "application/x-tar"}
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
-                info = c.call_json(
+                info = c._call_json(
                     CheckpointInfo,
                     "POST",
                     "/v1/checkpoints/import",
@@ -174,7 +174,7 @@ class Checkpoints:
                     headers=headers,
                 )
         else:
-            info = c.call_json(
+            info = c._call_json(
                 CheckpointInfo,
                 "POST",
                 "/v1/checkpoints/import",

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from drums import _parse
-from drums._backends import Lock, sleep
+from drums._backends import Lock, abort_response, sleep
 from drums._errors import DaemonUnavailable, DrumsError, error_from_response
 from drums.models import AuditReport, HostKey, Version
 
@@ -133,30 +133,30 @@ class Client:
 
     def version(self) -> Version:
         """drumsd's version, API version, pid and state directory."""
-        return self.get_json(Version, "/v1/version")
+        return self._get_json(Version, "/v1/version")
 
     def host_key(self) -> HostKey:
         """The public key this host signs checkpoint archives with."""
-        return self.get_json(HostKey, "/v1/keys/host")
+        return self._get_json(HostKey, "/v1/keys/host")
 
     def audit(self, a: str, b: str) -> AuditReport:
         """Isolation and clone checks between sessions `a` and `b` (ids or names)."""
-        return self.get_json(AuditReport, "/v1/audit", params={"a": a, "b": b})
+        return self._get_json(AuditReport, "/v1/audit", params={"a": a, "b": b})
 
     def openapi(self) -> str:
         """The API document drumsd serves (YAML text)."""
-        r = self.request("GET", "/openapi.yaml")
+        r = self._request("GET", "/openapi.yaml")
         return r.text
 
     # ---- plumbing (private to the SDK) -----------------------------------
 
-    def get_json(
+    def _get_json(
         self, cls: type[T], path: str, *, params: Mapping[str, str] | None = None
     ) -> T:
-        r = self.request("GET", path, params=params)
+        r = self._request("GET", path, params=params)
         return _parse.parse(cls, _decode(r))
 
-    def call_json(
+    def _call_json(
         self,
         cls: type[T],
         method: str,
@@ -168,7 +168,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | object | None = ...,
     ) -> T:
-        r = self.request(
+        r = self._request(
             method,
             path,
             json=body,
@@ -179,7 +179,7 @@ class Client:
         )
         return _parse.parse(cls, _decode(r))
 
-    def request(
+    def _request(
         self,
         method: str,
         path: str,
@@ -194,11 +194,12 @@ class Client:
         req = self._build(method, path, json, params, content, headers, timeout)
         r = self._send(req, stream=False)
         if r.status_code >= 400:
+            _drop_connection_after_error(req, r)
             raise error_from_response(r.status_code, r.content, r.headers.get("x-request-id"))
         return r
 
     @contextmanager
-    def stream(
+    def _stream(
         self,
         method: str,
         path: str,
@@ -211,7 +212,7 @@ class Client:
         """A call whose answer is read as it comes (no read timeout: a stream
         lasts as long as its command, or its subscriber). Leaving the block
         closes the connection, which for an exec kills the command."""
-        r = self.open_stream(
+        r = self._open_stream(
             method, path, json=json, params=params, content=content, headers=headers
         )
         try:
@@ -219,7 +220,7 @@ class Client:
         finally:
             r.close()
 
-    def open_stream(
+    def _open_stream(
         self,
         method: str,
         path: str,
@@ -237,6 +238,7 @@ class Client:
             try:
                 body = self._read_all(r)
             finally:
+                _drop_connection_after_error(req, r)
                 r.close()
             raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
         return r
@@ -352,7 +354,7 @@ class Debug:
         """Arm fault `point` (such as `create.subvolume`); None disarms. With
         `hold`, the step waits at the point until drumsd is killed."""
         c = self._client or _default()
-        c.request("POST", "/v1/debug/faults", json={"point": point, "hold": hold})
+        c._request("POST", "/v1/debug/faults", json={"point": point, "hold": hold})
 
 
 def _default() -> Client:
@@ -371,6 +373,20 @@ def _decode(r: httpx.Response) -> object:
             status=r.status_code,
             request_id=r.headers.get("x-request-id"),
         ) from e
+
+
+def _drop_connection_after_error(req: httpx.Request, r: httpx.Response) -> None:
+    """Keep no connection that answered an error to a request with a body.
+
+    drumsd may answer (404 for no route, 413, 415) before it has read the
+    body, then close the connection with that body unread: the kernel resets
+    it, and the next request sent on it from the pool fails with "connection
+    reset". Shutting the socket now makes the pool see it closed and open a
+    new one. Errors are rare, so this costs nothing on the common path.
+    """
+    if req.method in ("GET", "HEAD", "DELETE") and "content-length" not in req.headers:
+        return
+    abort_response(r)
 
 
 def _close_failed_socket(e: BaseException) -> None:

@@ -258,7 +258,7 @@ class Commands:
             raise TypeError(f"timeout must be a number of seconds or None, not {timeout!r}")
         argv = argv_of(cmd)
         body = exec_body(argv, cwd=cwd, envs=envs, user=user, timeout=timeout)
-        r = self._client.open_stream("POST", self._path, json=body)
+        r = self._client._open_stream("POST", self._path, json=body)
         handle = CommandHandle(r, on_stdout, on_stderr, check, argv)
         if background:
             handle._start_background()
@@ -280,7 +280,7 @@ class Commands:
         session (default /dev/null), appended. Returns its pid in the session."""
         argv = argv_of(cmd)
         body = exec_body(argv, cwd=cwd, envs=envs, user=user, timeout=timeout, detach=True, log=log)
-        r = self._client.request("POST", self._path, json=body)
+        r = self._client._request("POST", self._path, json=body)
         try:
             pid = json.loads(r.content)["pid"]
         except (ValueError, KeyError, TypeError) as e:

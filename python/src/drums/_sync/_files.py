@@ -103,7 +103,7 @@ class Files:
         _check_path(path)
         if format not in ("text", "bytes", "stream"):
             raise ValueError(f"format must be 'text', 'bytes' or 'stream', not {format!r}")
-        r = self._client.open_stream("GET", f"{self._base}/files", params={"path": path})
+        r = self._client._open_stream("GET", f"{self._base}/files", params={"path": path})
         stream = FileStream(r, path)
         if format == "stream":
             return stream
@@ -147,7 +147,7 @@ class Files:
         m = octal_mode(mode)
         if m is not None:
             params["mode"] = m
-        return self._client.call_json(
+        return self._client._call_json(
             Written,
             "PUT",
             f"{self._base}/files",
@@ -159,7 +159,7 @@ class Files:
     def list(self, path: str) -> builtins.list[DirEntry]:
         """A directory's entries, sorted by name (symlinks are not followed)."""
         _check_path(path)
-        listing = self._client.get_json(
+        listing = self._client._get_json(
             DirListing, f"{self._base}/dir", params={"path": path}
         )
         return builtins.list(listing.entries)

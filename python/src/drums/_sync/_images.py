@@ -41,7 +41,7 @@ class Images:
 
     def list(self) -> builtins.list[Image]:
         """Every image in the store."""
-        il = self._client.get_json(ImageList, "/v1/images")
+        il = self._client._get_json(ImageList, "/v1/images")
         return builtins.list(il.images)
 
     def pull(
@@ -67,7 +67,7 @@ class Images:
             body["username"] = username
         if password is not None:
             body["password"] = password
-        with self._client.stream("POST", "/v1/images/pull", json=body) as r:
+        with self._client._stream("POST", "/v1/images/pull", json=body) as r:
             if not r.headers.get("content-type", "").startswith("application/x-ndjson"):
                 # Every layer was stored already: the answer is the ImageRef.
                 return _parse.parse(ImageRef, json.loads(r.read()))
@@ -91,7 +91,7 @@ class Images:
     def remove(self, ref: str) -> ImageRef:
         """Remove an image by reference or id (with the layers no other image
         uses); a reference of an image with others only goes from it."""
-        r = self._client.request("DELETE", f"/v1/images/{seg(ref)}")
+        r = self._client._request("DELETE", f"/v1/images/{seg(ref)}")
         return _parse.parse(ImageRef, json.loads(r.content))
 
     def import_(self, src: str | os.PathLike[str] | IO[bytes]) -> ImageRef:
@@ -101,9 +101,9 @@ class Images:
         headers = {"content-type": "application/x-tar"}
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
-                return c.call_json(
+                return c._call_json(
                     ImageRef, "POST", "/v1/images/import", content=file_chunks(f), headers=headers
                 )
-        return c.call_json(
+        return c._call_json(
             ImageRef, "POST", "/v1/images/import", content=file_chunks(src), headers=headers
         )

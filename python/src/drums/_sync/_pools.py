@@ -80,7 +80,7 @@ class Pool:
     def connect(cls, id_or_name: str, *, client: Client | None = None) -> Pool:
         """The existing pool `id_or_name` (leaving a `with` block on it removes it)."""
         c = _client_or_default(client)
-        info = c.get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
+        info = c._get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
         pool = cls(info.checkpoint, size=info.size, name=info.name, client=c)
         pool._info = info
         return pool
@@ -106,7 +106,7 @@ class Pool:
                 body: dict[str, Any] = {"checkpoint": self._checkpoint, "size": self._size}
                 if self._name is not None:
                     body["name"] = self._name
-                self._info = self._client.call_json(PoolInfo, "POST", "/v1/pools", body=body)
+                self._info = self._client._call_json(PoolInfo, "POST", "/v1/pools", body=body)
             return self._info
 
     def _id(self) -> str:
@@ -118,7 +118,7 @@ class Pool:
     def info(self) -> PoolInfo:
         """How the pool stands now: ready, restoring, taken, and why it is short."""
         pid = self._id()
-        self._info = self._client.get_json(PoolInfo, f"/v1/pools/{seg(pid)}")
+        self._info = self._client._get_json(PoolInfo, f"/v1/pools/{seg(pid)}")
         return self._info
 
     def take(self, timeout: float = 30.0) -> Sandbox:
@@ -132,7 +132,7 @@ class Pool:
             raise TypeError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
         pid = self._id()
         c = self._client
-        info = c.call_json(
+        info = c._call_json(
             Session,
             "POST",
             f"/v1/pools/{seg(pid)}/take",
@@ -147,7 +147,7 @@ class Pool:
         if self._info is None:
             return False
         try:
-            self._client.request("DELETE", f"/v1/pools/{seg(self._info.id)}")
+            self._client._request("DELETE", f"/v1/pools/{seg(self._info.id)}")
         except NotFound:
             return False
         return True
@@ -168,9 +168,9 @@ class Pools:
 
     def list(self) -> builtins.list[PoolInfo]:
         """Every pool."""
-        pl = _client_or_default(self._c).get_json(PoolList, "/v1/pools")
+        pl = _client_or_default(self._c)._get_json(PoolList, "/v1/pools")
         return builtins.list(pl.pools)
 
     def get(self, id_or_name: str) -> PoolInfo:
         """Pool `id_or_name` as it stands."""
-        return _client_or_default(self._c).get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")
+        return _client_or_default(self._c)._get_json(PoolInfo, f"/v1/pools/{seg(id_or_name)}")

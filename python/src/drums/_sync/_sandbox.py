@@ -63,7 +63,7 @@ class TurnStream:
         """Connect now (iterating connects too); raises `NotFound` for a
         session that is gone."""
         if self._r is None:
-            self._r = self._client.open_stream("GET", self._path)
+            self._r = self._client._open_stream("GET", self._path)
             self._lines = self._r.iter_lines()
         return self
 
@@ -110,7 +110,7 @@ class Turn:
 
     def begin(self) -> TurnBegun:
         """A turn begins; the first one starts inspecting the session."""
-        return self._client.call_json(TurnBegun, "POST", f"{self._base}/turn/begin")
+        return self._client._call_json(TurnBegun, "POST", f"{self._base}/turn/begin")
 
     def end(
         self,
@@ -134,7 +134,7 @@ class Turn:
             body["policy"] = policy
         if wait is not None:
             body["wait"] = wait
-        return self._client.call_json(
+        return self._client._call_json(
             TurnEffects, "POST", f"{self._base}/turn/end", body=body
         )
 
@@ -255,12 +255,12 @@ class Sandbox:
 
     def refresh(self) -> Session:
         """Ask drumsd again; updates and returns `info`."""
-        self._info = self._client.get_json(Session, self._base)
+        self._info = self._client._get_json(Session, self._base)
         return self._info
 
     def stats(self) -> SessionStats:
         """What the session's cgroup accounts now (memory, tasks)."""
-        return self._client.get_json(SessionStats, f"{self._base}/stats")
+        return self._client._get_json(SessionStats, f"{self._base}/stats")
 
     # ---- ending -------------------------------------------------------------
 
@@ -268,7 +268,7 @@ class Sandbox:
         """Remove the session and everything it owns. Returns False if it was
         already gone."""
         try:
-            self._client.request("DELETE", self._base)
+            self._client._request("DELETE", self._base)
         except NotFound:
             return False
         return True
@@ -323,12 +323,12 @@ class Sandbox:
             body["keep"] = True
         if name is not None:
             body["name"] = name
-        res = self._client.call_json(RestoreResult, "POST", f"{self._base}/fork", body=body)
+        res = self._client._call_json(RestoreResult, "POST", f"{self._base}/fork", body=body)
         return [Sandbox(s, client=self._client) for s in res.sessions]
 
     def versions(self) -> builtins.list[SessionVersion]:
         """The session's versions, oldest first, in every state."""
-        v = self._client.get_json(SessionVersions, f"{self._base}/versions")
+        v = self._client._get_json(SessionVersions, f"{self._base}/versions")
         return builtins.list(v.versions)
 
     def rollback(self, to: str | int | None = None) -> Session:
@@ -336,7 +336,7 @@ class Sandbox:
         version `to` (id, name or number; default: the one it is at). Returns
         and keeps the new `info`."""
         body: dict[str, Any] = {} if to is None else {"to": str(to)}
-        self._info = self._client.call_json(
+        self._info = self._client._call_json(
             Session, "POST", f"{self._base}/rollback", body=body
         )
         return self._info
@@ -344,13 +344,13 @@ class Sandbox:
     def recover(self) -> Session:
         """Bring back a session whose processes died, from its newest done
         version, under the same identity. Returns and keeps the new `info`."""
-        self._info = self._client.call_json(Session, "POST", f"{self._base}/recover")
+        self._info = self._client._call_json(Session, "POST", f"{self._base}/recover")
         return self._info
 
     def turns(self) -> builtins.list[Any]:
         """What the coordinator's LLM proxy saw of this session: one
         `CoordinatedTurn` per model request, oldest first."""
-        t = self._client.get_json(CoordinatedTurns, f"{self._base}/coordinator")
+        t = self._client._get_json(CoordinatedTurns, f"{self._base}/coordinator")
         return builtins.list(t.turns)
 
     def mark_agent(self, pid: int) -> AgentMarked:
@@ -358,7 +358,7 @@ class Sandbox:
         descendants of now are left out of the inspector's process tracking."""
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise TypeError(f"pid must be an int, not {pid!r}")
-        return self._client.call_json(
+        return self._client._call_json(
             AgentMarked, "POST", f"{self._base}/agent", body={"pid": pid}
         )
 
@@ -370,7 +370,7 @@ class Sandbox:
     def stop_inspecting(self) -> None:
         """Stop inspecting the session (the eBPF programs unload with the last
         inspected session)."""
-        self._client.request("DELETE", f"{self._base}/turns")
+        self._client._request("DELETE", f"{self._base}/turns")
 
     # ---- desktop --------------------------------------------------------------
 
@@ -471,17 +471,17 @@ class Sandboxes:
             body["desktop"] = {
                 k: v for k, v in (("url", desktop_url), ("screen", screen)) if v is not None
             }
-        info = self._client.call_json(Session, "POST", "/v1/sessions", body=body)
+        info = self._client._call_json(Session, "POST", "/v1/sessions", body=body)
         return Sandbox(info, client=self._client)
 
     def connect(self, id_or_name: str) -> Sandbox:
         """The existing session `id_or_name`."""
         if not isinstance(id_or_name, str):
             raise TypeError(f"id_or_name must be a str, not {type(id_or_name).__name__}")
-        info = self._client.get_json(Session, f"/v1/sessions/{seg(id_or_name)}")
+        info = self._client._get_json(Session, f"/v1/sessions/{seg(id_or_name)}")
         return Sandbox(info, client=self._client)
 
     def list(self) -> builtins.list[Sandbox]:
         """Every session of the daemon."""
-        sl = self._client.get_json(SessionList, "/v1/sessions")
+        sl = self._client._get_json(SessionList, "/v1/sessions")
         return [Sandbox(s, client=self._client) for s in sl.sessions]
