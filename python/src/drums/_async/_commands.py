@@ -78,11 +78,11 @@ class AsyncCommandHandle:
         try:
             try:
                 async for line in self._r.aiter_lines():
-                    if not line:
-                        continue
-                    status = await self._frame(line)
-                    if status is not None:
-                        break
+                    # Read on past the exit frame to the body's end (nothing
+                    # follows it): a response read whole returns its
+                    # connection to the pool, where a cut one is closed.
+                    if line and status is None:
+                        status = await self._frame(line)
             except httpx.HTTPError as e:
                 if not self._killed:
                     raise DaemonUnavailable(

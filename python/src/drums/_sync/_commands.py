@@ -79,11 +79,11 @@ class CommandHandle:
         try:
             try:
                 for line in self._r.iter_lines():
-                    if not line:
-                        continue
-                    status = self._frame(line)
-                    if status is not None:
-                        break
+                    # Read on past the exit frame to the body's end (nothing
+                    # follows it): a response read whole returns its
+                    # connection to the pool, where a cut one is closed.
+                    if line and status is None:
+                        status = self._frame(line)
             except httpx.HTTPError as e:
                 if not self._killed:
                     raise DaemonUnavailable(
