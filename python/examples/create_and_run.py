@@ -1,6 +1,6 @@
 """Create a sandbox, run commands in it, read a file back; it is removed on exit.
 
-    python examples/create_and_run.py
+python examples/create_and_run.py
 """
 
 import drums

@@ -1,6 +1,6 @@
 """A desktop sandbox (X, Chromium, OSWorld's port 5000) and a screenshot of it.
 
-    python examples/desktop_screenshot.py [out.png]
+python examples/desktop_screenshot.py [out.png]
 """
 
 import sys
@@ -9,9 +9,7 @@ import drums
 
 
 def main(out: str = "screenshot.png") -> None:
-    with drums.Sandbox.create(
-        profile="desktop", memory="1G", pids=512, screen="1024x768"
-    ) as sb:
+    with drums.Sandbox.create(profile="desktop", memory="1G", pids=512, screen="1024x768") as sb:
         print(f"OSWorld endpoint: {sb.osworld_url}")
         png = sb.screenshot()
         with open(out, "wb") as f:

@@ -1,6 +1,6 @@
 """Fork one warmed-up sandbox into N hygienic siblings and give each its own task.
 
-    python examples/fork.py [N]
+python examples/fork.py [N]
 """
 
 import sys

@@ -16,7 +16,8 @@ def turn(sb: drums.Sandbox, command: str) -> drums.models.SessionVersion:
     sb.commands.run(command, check=True)
     effects = sb.turn.end(checkpoint=True, policy="full", wait=True)
     print(f"turn {effects.turn} ({effects.class_}): {[f.path for f in effects.files]}")
-    assert effects.checkpoint is not None and effects.checkpoint.version is not None
+    if effects.checkpoint is None or effects.checkpoint.version is None:
+        raise RuntimeError(f"turn {effects.turn} took no version")
     return effects.checkpoint.version
 
 

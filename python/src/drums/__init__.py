@@ -112,6 +112,8 @@ def openapi() -> str:
     return default_client().openapi()
 
 
+from drums import aio  # noqa: E402 - it imports the names above
+
 __all__ = [
     "AsyncCheckpoint",
     "AsyncCheckpoints",
@@ -159,6 +161,7 @@ __all__ = [
     "TurnStream",
     "Unavailable",
     "Untrusted",
+    "aio",
     "audit",
     "checkpoints",
     "debug",
