@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import drums
-from tests.daemon import Daemon
+from tests.daemon import Daemon, bin_dir
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 
@@ -62,3 +63,25 @@ def test_example_runs(example: Path, daemon: Daemon, tmp_path: Path) -> None:
     assert r.stdout.strip(), f"{example.name} printed nothing"
     if example.stem == "desktop_screenshot":
         assert (tmp_path / "screenshot.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_runs(daemon: Daemon) -> None:
+    """bench/overhead.py keeps working (a few iterations, its JSON checked)."""
+    bench = Path(__file__).resolve().parents[1] / "bench/overhead.py"
+    env = {
+        **os.environ,
+        "DRUMS_SOCKET": str(daemon.socket),
+        "PYTHONPATH": str(Path(drums.__file__).resolve().parents[1]),
+    }
+    r = subprocess.run(
+        [sys.executable, str(bench), "-n", "5", "--json", "--drums", str(bin_dir() / "drums")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["arms"]) == {"sdk", "raw", "cli"}
+    for st in out["arms"].values():
+        assert 0 < st["p50_ms"] <= st["p95_ms"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import io
-import os
 from collections.abc import AsyncIterator
 from typing import IO, TYPE_CHECKING, Literal, overload
 
@@ -181,7 +180,7 @@ class AsyncFiles:
 
 
 def _check_path(path: object) -> None:
-    if not isinstance(path, str | os.PathLike):
+    if not isinstance(path, str):
         raise TypeError(f"path must be a str, not {type(path).__name__}")
     if not str(path):
         raise ValueError("path must not be empty")

@@ -17,6 +17,7 @@ from drums._errors import DaemonUnavailable, DrumsError, InvalidArgument, NotFou
 from drums._types import parse_size
 from drums.models import (
     AgentMarked,
+    CoordinatedTurn,
     CoordinatedTurns,
     RestoreResult,
     Session,
@@ -346,7 +347,7 @@ class AsyncSandbox:
         self._info = await self._client._call_json(Session, "POST", f"{self._base}/recover")
         return self._info
 
-    async def turns(self) -> builtins.list[Any]:
+    async def turns(self) -> builtins.list[CoordinatedTurn]:
         """What the coordinator's LLM proxy saw of this session: one
         `CoordinatedTurn` per model request, oldest first."""
         t = await self._client._get_json(CoordinatedTurns, f"{self._base}/coordinator")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import builtins
 import io
-import os
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Literal, overload
 
@@ -182,7 +181,7 @@ class Files:
 
 
 def _check_path(path: object) -> None:
-    if not isinstance(path, str | os.PathLike):
+    if not isinstance(path, str):
         raise TypeError(f"path must be a str, not {type(path).__name__}")
     if not str(path):
         raise ValueError("path must not be empty")

@@ -87,7 +87,8 @@ class Pool:
 
     @property
     def id(self) -> str:
-        """The pool's id (it is created first if it was not)."""
+        """The pool's id; `NotFound` before the pool is created (`with`,
+        `create()` or a first `take()`)."""
         if self._info is None:
             raise NotFound("the pool is not created yet: use it in `with`, or take() first")
         return self._info.id

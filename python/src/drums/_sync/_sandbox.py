@@ -18,6 +18,7 @@ from drums._errors import DaemonUnavailable, DrumsError, InvalidArgument, NotFou
 from drums._types import parse_size
 from drums.models import (
     AgentMarked,
+    CoordinatedTurn,
     CoordinatedTurns,
     RestoreResult,
     Session,
@@ -347,7 +348,7 @@ class Sandbox:
         self._info = self._client._call_json(Session, "POST", f"{self._base}/recover")
         return self._info
 
-    def turns(self) -> builtins.list[Any]:
+    def turns(self) -> builtins.list[CoordinatedTurn]:
         """What the coordinator's LLM proxy saw of this session: one
         `CoordinatedTurn` per model request, oldest first."""
         t = self._client._get_json(CoordinatedTurns, f"{self._base}/coordinator")
