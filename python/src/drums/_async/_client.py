@@ -11,10 +11,10 @@ import shutil
 import socket as pysocket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
@@ -191,10 +191,10 @@ class AsyncClient:
     ) -> httpx.Response:
         """One call, its whole answer read; an error answer raises its class."""
         req = self._build(method, path, json, params, content, headers, timeout)
-        r = await self._send(req, stream=False)
+        r = await self._send(req, stream=True)
         if r.status_code >= 400:
-            _drop_connection_after_error(req, r)
-            raise error_from_response(r.status_code, r.content, r.headers.get("x-request-id"))
+            await self._raise_error(req, r)
+        await self._read_all(r)
         return r
 
     @asynccontextmanager
@@ -234,13 +234,27 @@ class AsyncClient:
         req = self._build(method, path, json, params, content, headers, None)
         r = await self._send(req, stream=True)
         if r.status_code >= 400:
-            try:
-                body = await self._read_all(r)
-            finally:
-                _drop_connection_after_error(req, r)
-                await r.aclose()
-            raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
+            await self._raise_error(req, r)
         return r
+
+    async def _raise_error(self, req: httpx.Request, r: httpx.Response) -> NoReturn:
+        """Read an error answer, close it and raise its class.
+
+        The body is read from the raw stream, which, unlike `aread()`, does
+        not hand the connection back to the pool at its end: a connection
+        that must not be reused is shut while it is still this call's.
+        """
+        chunks: list[bytes] = []
+        try:
+            async for chunk in cast(AsyncIterable[bytes], r.stream):
+                chunks.append(chunk)
+        except httpx.HTTPError as e:
+            await r.aclose()
+            raise DaemonUnavailable(f"drumsd's answer broke off: {e}") from e
+        _drop_connection_after_error(req, r)
+        await r.aclose()
+        body = b"".join(chunks)
+        raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
 
     async def _read_all(self, r: httpx.Response) -> bytes:
         try:

@@ -7,6 +7,7 @@ import binascii
 import contextlib
 import json
 import signal as _signal
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -54,6 +55,12 @@ class AsyncCommandHandle:
         self._out = Utf8Stream()
         self._err = Utf8Stream()
         self._killed = False
+        # Held only between awaits: `kill()` may shut the socket only while
+        # the response is still this command's, never once `_pump` has begun
+        # to close it (its connection may go back to the pool and serve
+        # another call).
+        self._guard = threading.Lock()
+        self._finishing = False
         pid = response.headers.get("x-drums-pid", "")
         self.pid: int | None = int(pid) if pid.isdigit() else None
         """The command's pid inside the session (also its process group)."""
@@ -90,6 +97,8 @@ class AsyncCommandHandle:
                         f"status (drumsd or the session went away): {e}"
                     ) from e
         finally:
+            with self._guard:
+                self._finishing = True
             await self._r.aclose()
         out, err = self._out.finish(), self._err.finish()
         if out and self._on_stdout:
@@ -151,8 +160,10 @@ class AsyncCommandHandle:
     async def kill(self) -> None:
         """Kill the command: closing its stream makes the session SIGKILL its
         process group. A later `wait()` returns what it wrote, with signal 9."""
-        self._killed = True
-        abort_response(self._r)
+        with self._guard:
+            self._killed = True
+            if not self._finishing:
+                abort_response(self._r)
         if self._task is not None:
             with contextlib.suppress(DrumsError):
                 await self._task.join()

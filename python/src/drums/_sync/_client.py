@@ -12,10 +12,10 @@ import shutil
 import socket as pysocket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
@@ -192,10 +192,10 @@ class Client:
     ) -> httpx.Response:
         """One call, its whole answer read; an error answer raises its class."""
         req = self._build(method, path, json, params, content, headers, timeout)
-        r = self._send(req, stream=False)
+        r = self._send(req, stream=True)
         if r.status_code >= 400:
-            _drop_connection_after_error(req, r)
-            raise error_from_response(r.status_code, r.content, r.headers.get("x-request-id"))
+            self._raise_error(req, r)
+        self._read_all(r)
         return r
 
     @contextmanager
@@ -235,13 +235,27 @@ class Client:
         req = self._build(method, path, json, params, content, headers, None)
         r = self._send(req, stream=True)
         if r.status_code >= 400:
-            try:
-                body = self._read_all(r)
-            finally:
-                _drop_connection_after_error(req, r)
-                r.close()
-            raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
+            self._raise_error(req, r)
         return r
+
+    def _raise_error(self, req: httpx.Request, r: httpx.Response) -> NoReturn:
+        """Read an error answer, close it and raise its class.
+
+        The body is read from the raw stream, which, unlike `read()`, does
+        not hand the connection back to the pool at its end: a connection
+        that must not be reused is shut while it is still this call's.
+        """
+        chunks: list[bytes] = []
+        try:
+            for chunk in cast(Iterable[bytes], r.stream):
+                chunks.append(chunk)
+        except httpx.HTTPError as e:
+            r.close()
+            raise DaemonUnavailable(f"drumsd's answer broke off: {e}") from e
+        _drop_connection_after_error(req, r)
+        r.close()
+        body = b"".join(chunks)
+        raise error_from_response(r.status_code, body, r.headers.get("x-request-id"))
 
     def _read_all(self, r: httpx.Response) -> bytes:
         try:

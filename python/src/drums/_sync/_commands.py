@@ -8,6 +8,7 @@ import binascii
 import contextlib
 import json
 import signal as _signal
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -55,6 +56,12 @@ class CommandHandle:
         self._out = Utf8Stream()
         self._err = Utf8Stream()
         self._killed = False
+        # Held only between awaits: `kill()` may shut the socket only while
+        # the response is still this command's, never once `_pump` has begun
+        # to close it (its connection may go back to the pool and serve
+        # another call).
+        self._guard = threading.Lock()
+        self._finishing = False
         pid = response.headers.get("x-drums-pid", "")
         self.pid: int | None = int(pid) if pid.isdigit() else None
         """The command's pid inside the session (also its process group)."""
@@ -91,6 +98,8 @@ class CommandHandle:
                         f"status (drumsd or the session went away): {e}"
                     ) from e
         finally:
+            with self._guard:
+                self._finishing = True
             self._r.close()
         out, err = self._out.finish(), self._err.finish()
         if out and self._on_stdout:
@@ -152,8 +161,10 @@ class CommandHandle:
     def kill(self) -> None:
         """Kill the command: closing its stream makes the session SIGKILL its
         process group. A later `wait()` returns what it wrote, with signal 9."""
-        self._killed = True
-        abort_response(self._r)
+        with self._guard:
+            self._killed = True
+            if not self._finishing:
+                abort_response(self._r)
         if self._task is not None:
             with contextlib.suppress(DrumsError):
                 self._task.join()
