@@ -40,6 +40,7 @@ WORDS = {
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
     "aclose": "close",
+    "handle_async_request": "handle_request",
     "aiter_bytes": "iter_bytes",
     "aiter_lines": "iter_lines",
     "aiter_raw": "iter_raw",

@@ -32,10 +32,6 @@ def _record(request: httpx.Request) -> None:
         _EXERCISED.add(op)
 
 
-async def _arecord(request: httpx.Request) -> None:
-    _record(request)
-
-
 def require_daemon() -> None:
     why = preconditions()
     if why is None:
@@ -97,7 +93,7 @@ def anyio_backend() -> str:
 def client(daemon: Daemon) -> Iterator[drums.Client]:
     """A client of the run's drumsd (autostart off: a dead daemon must fail)."""
     with drums.Client(daemon.socket, autostart=False) as c:
-        c._http.event_hooks["request"].append(_record)
+        c._hooks.append(_record)
         yield c
 
 
@@ -105,7 +101,7 @@ def client(daemon: Daemon) -> Iterator[drums.Client]:
 async def async_client(daemon: Daemon) -> AsyncIterator[drums.AsyncClient]:
     """An async client of the run's drumsd, on the test's event loop."""
     async with drums.AsyncClient(daemon.socket, autostart=False) as c:
-        c._http.event_hooks["request"].append(_arecord)
+        c._hooks.append(_record)
         yield c
 
 

@@ -11,7 +11,7 @@ import shutil
 import socket as pysocket
 import subprocess
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
@@ -41,6 +41,8 @@ AUTOSTART_WAIT_S = 60.0
 DEFAULT_TIMEOUT_S = 300.0
 _FALSEY = {"", "0", "false", "no", "off"}
 _STARTED: list[subprocess.Popen[bytes]] = []
+# The host part only fills the Host header: the socket is the address.
+_ORIGIN = "http://drumsd"
 
 
 def seg(s: str) -> str:
@@ -90,12 +92,14 @@ class AsyncClient:
         self.timeout = timeout
         self._drumsd = drumsd
         self._start_lock = AsyncLock()
-        self._http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
-            # The host part only fills the Host header; the socket is the address.
-            base_url="http://drumsd",
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
+        # The transport, without an httpx.AsyncClient around it: the client
+        # layer (auth, redirects, cookies, default headers) has nothing to do
+        # for a unix socket to drumsd, and cost each command a third of the
+        # SDK's time over raw HTTP (bench/overhead.py). The transport keeps
+        # the connection pool.
+        self._transport = httpx.AsyncHTTPTransport(uds=str(self.socket))
+        self._hooks: list[Callable[[httpx.Request], object]] = []
+        self._timeout_ext = {"timeout": httpx.Timeout(timeout, connect=10.0).as_dict()}
         from drums._async._checkpoints import AsyncCheckpoints
         from drums._async._images import AsyncImages
         from drums._async._jobs import AsyncJobs
@@ -120,7 +124,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -181,7 +185,7 @@ class AsyncClient:
     async def _request(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         *,
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
@@ -191,7 +195,7 @@ class AsyncClient:
     ) -> httpx.Response:
         """One call, its whole answer read; an error answer raises its class."""
         req = self._build(method, path, json, params, content, headers, timeout)
-        r = await self._send(req, stream=True)
+        r = await self._send(req)
         if r.status_code >= 400:
             await self._raise_error(req, r)
         await self._read_all(r)
@@ -222,7 +226,7 @@ class AsyncClient:
     async def _open_stream(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         *,
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
@@ -232,7 +236,7 @@ class AsyncClient:
         """`stream` without the block: the caller closes the response. An
         error answer is read, closed and raised here."""
         req = self._build(method, path, json, params, content, headers, None)
-        r = await self._send(req, stream=True)
+        r = await self._send(req)
         if r.status_code >= 400:
             await self._raise_error(req, r)
         return r
@@ -265,20 +269,25 @@ class AsyncClient:
     def _build(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         json: Mapping[str, Any] | None,
         params: Mapping[str, str] | None,
         content: Any,
         headers: Mapping[str, str] | None,
         timeout: float | object | None,
     ) -> httpx.Request:
-        ext: dict[str, Any] = {}
-        if timeout is not ...:
+        # An httpx.Request made directly, not through build_request: no base
+        # URL to merge, no default headers or cookies to fold in, so a
+        # command pays for none of it (bench/overhead.py). The timeout always
+        # goes in: without it the transport would wait forever.
+        if timeout is ...:
+            ext = self._timeout_ext
+        else:
             t = timeout if timeout is None or isinstance(timeout, int | float) else None
-            ext["timeout"] = httpx.Timeout(t, connect=10.0).as_dict()
-        return self._http.build_request(
+            ext = {"timeout": httpx.Timeout(t, connect=10.0).as_dict()}
+        return httpx.Request(
             method,
-            path,
+            path if isinstance(path, httpx.URL) else httpx.URL(_ORIGIN + path),
             json=json,
             params=params,
             content=content,
@@ -286,9 +295,21 @@ class AsyncClient:
             extensions=ext,
         )
 
-    async def _send(self, req: httpx.Request, *, stream: bool) -> httpx.Response:
+    def _url(self, path: str) -> httpx.URL:
+        """A path's URL, made once by a caller that sends to it often."""
+        return httpx.URL(_ORIGIN + path)
+
+    async def _send_once(self, req: httpx.Request) -> httpx.Response:
+        for hook in self._hooks:
+            hook(req)
+        r = await self._transport.handle_async_request(req)
+        r.request = req
+        return r
+
+    async def _send(self, req: httpx.Request) -> httpx.Response:
+        """Send; the answer's body is read by the caller (and closed by it)."""
         try:
-            return await self._http.send(req, stream=stream)
+            return await self._send_once(req)
         except httpx.ConnectError as e:
             _close_failed_socket(e)
             # Nothing listens (no socket, or a dead daemon's): the request was
@@ -303,13 +324,16 @@ class AsyncClient:
         except httpx.TransportError as e:
             raise DaemonUnavailable(f"drumsd's connection broke: {e}") from e
         try:
-            return await self._http.send(req, stream=stream)
+            return await self._send_once(req)
         except httpx.TransportError as e:
             raise DaemonUnavailable(f"drumsd started but its connection broke: {e}") from e
 
     async def _ping(self) -> bool:
+        req = self._build("GET", "/v1/version", None, None, None, None, 5.0)
         try:
-            r = await self._http.get("/v1/version", timeout=5.0)
+            r = await self._transport.handle_async_request(req)
+            await r.aread()
+            await r.aclose()
         except httpx.TransportError as e:
             _close_failed_socket(e)
             return False

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, overload
 import httpx
 
 from drums import _parse
+from drums._async._client import seg
 from drums._backends import AsyncTask, abort_response, async_call_handler
 from drums._errors import CommandExitError, CommandTimeout, DaemonUnavailable, DrumsError
 from drums._types import CommandResult, Utf8Stream, argv_of, exec_body
@@ -84,12 +85,19 @@ class AsyncCommandHandle:
         status: ExitStatus | None = None
         try:
             try:
-                async for line in self._r.aiter_lines():
-                    # Read on past the exit frame to the body's end (nothing
-                    # follows it): a response read whole returns its
-                    # connection to the pool, where a cut one is closed.
-                    if line and status is None:
-                        status = await self._frame(line)
+                # Lines split from the raw bytes (frames are ASCII JSON): no
+                # text decoder in the way. Read on past the exit frame to the
+                # body's end (nothing follows it): a response read whole
+                # returns its connection to the pool, where a cut one is closed.
+                buf = b""
+                async for chunk in self._r.aiter_raw():
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if line and status is None:
+                            status = await self._frame(line)
+                if buf.strip() and status is None:
+                    status = await self._frame(buf)
             except httpx.HTTPError as e:
                 if not self._killed:
                     raise DaemonUnavailable(
@@ -121,7 +129,7 @@ class AsyncCommandHandle:
             _check(result, self._argv)
         return result
 
-    async def _frame(self, line: str) -> ExitStatus | None:
+    async def _frame(self, line: bytes) -> ExitStatus | None:
         try:
             frame = json.loads(line)
         except ValueError as e:
@@ -190,7 +198,7 @@ class AsyncCommands:
 
     def __init__(self, client: AsyncClient, session_id: str) -> None:
         self._client = client
-        self._path = f"/v1/sessions/{session_id}/exec"
+        self._path = client._url(f"/v1/sessions/{seg(session_id)}/exec")
 
     @overload
     async def run(

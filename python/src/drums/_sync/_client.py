@@ -12,7 +12,7 @@ import shutil
 import socket as pysocket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
@@ -42,6 +42,8 @@ AUTOSTART_WAIT_S = 60.0
 DEFAULT_TIMEOUT_S = 300.0
 _FALSEY = {"", "0", "false", "no", "off"}
 _STARTED: list[subprocess.Popen[bytes]] = []
+# The host part only fills the Host header: the socket is the address.
+_ORIGIN = "http://drumsd"
 
 
 def seg(s: str) -> str:
@@ -91,12 +93,14 @@ class Client:
         self.timeout = timeout
         self._drumsd = drumsd
         self._start_lock = Lock()
-        self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(self.socket)),
-            # The host part only fills the Host header; the socket is the address.
-            base_url="http://drumsd",
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
+        # The transport, without an httpx.Client around it: the client
+        # layer (auth, redirects, cookies, default headers) has nothing to do
+        # for a unix socket to drumsd, and cost each command a third of the
+        # SDK's time over raw HTTP (bench/overhead.py). The transport keeps
+        # the connection pool.
+        self._transport = httpx.HTTPTransport(uds=str(self.socket))
+        self._hooks: list[Callable[[httpx.Request], object]] = []
+        self._timeout_ext = {"timeout": httpx.Timeout(timeout, connect=10.0).as_dict()}
         from drums._sync._checkpoints import Checkpoints
         from drums._sync._images import Images
         from drums._sync._jobs import Jobs
@@ -121,7 +125,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._http.close()
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self
@@ -182,7 +186,7 @@ class Client:
     def _request(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         *,
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
@@ -192,7 +196,7 @@ class Client:
     ) -> httpx.Response:
         """One call, its whole answer read; an error answer raises its class."""
         req = self._build(method, path, json, params, content, headers, timeout)
-        r = self._send(req, stream=True)
+        r = self._send(req)
         if r.status_code >= 400:
             self._raise_error(req, r)
         self._read_all(r)
@@ -223,7 +227,7 @@ class Client:
     def _open_stream(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         *,
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
@@ -233,7 +237,7 @@ class Client:
         """`stream` without the block: the caller closes the response. An
         error answer is read, closed and raised here."""
         req = self._build(method, path, json, params, content, headers, None)
-        r = self._send(req, stream=True)
+        r = self._send(req)
         if r.status_code >= 400:
             self._raise_error(req, r)
         return r
@@ -266,20 +270,25 @@ class Client:
     def _build(
         self,
         method: str,
-        path: str,
+        path: str | httpx.URL,
         json: Mapping[str, Any] | None,
         params: Mapping[str, str] | None,
         content: Any,
         headers: Mapping[str, str] | None,
         timeout: float | object | None,
     ) -> httpx.Request:
-        ext: dict[str, Any] = {}
-        if timeout is not ...:
+        # An httpx.Request made directly, not through build_request: no base
+        # URL to merge, no default headers or cookies to fold in, so a
+        # command pays for none of it (bench/overhead.py). The timeout always
+        # goes in: without it the transport would wait forever.
+        if timeout is ...:
+            ext = self._timeout_ext
+        else:
             t = timeout if timeout is None or isinstance(timeout, int | float) else None
-            ext["timeout"] = httpx.Timeout(t, connect=10.0).as_dict()
-        return self._http.build_request(
+            ext = {"timeout": httpx.Timeout(t, connect=10.0).as_dict()}
+        return httpx.Request(
             method,
-            path,
+            path if isinstance(path, httpx.URL) else httpx.URL(_ORIGIN + path),
             json=json,
             params=params,
             content=content,
@@ -287,9 +296,21 @@ class Client:
             extensions=ext,
         )
 
-    def _send(self, req: httpx.Request, *, stream: bool) -> httpx.Response:
+    def _url(self, path: str) -> httpx.URL:
+        """A path's URL, made once by a caller that sends to it often."""
+        return httpx.URL(_ORIGIN + path)
+
+    def _send_once(self, req: httpx.Request) -> httpx.Response:
+        for hook in self._hooks:
+            hook(req)
+        r = self._transport.handle_request(req)
+        r.request = req
+        return r
+
+    def _send(self, req: httpx.Request) -> httpx.Response:
+        """Send; the answer's body is read by the caller (and closed by it)."""
         try:
-            return self._http.send(req, stream=stream)
+            return self._send_once(req)
         except httpx.ConnectError as e:
             _close_failed_socket(e)
             # Nothing listens (no socket, or a dead daemon's): the request was
@@ -304,13 +325,16 @@ class Client:
         except httpx.TransportError as e:
             raise DaemonUnavailable(f"drumsd's connection broke: {e}") from e
         try:
-            return self._http.send(req, stream=stream)
+            return self._send_once(req)
         except httpx.TransportError as e:
             raise DaemonUnavailable(f"drumsd started but its connection broke: {e}") from e
 
     def _ping(self) -> bool:
+        req = self._build("GET", "/v1/version", None, None, None, None, 5.0)
         try:
-            r = self._http.get("/v1/version", timeout=5.0)
+            r = self._transport.handle_request(req)
+            r.read()
+            r.close()
         except httpx.TransportError as e:
             _close_failed_socket(e)
             return False

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, overload
 import httpx
 
 from drums import _parse
+from drums._sync._client import seg
 from drums._backends import Task, abort_response, call_handler
 from drums._errors import CommandExitError, CommandTimeout, DaemonUnavailable, DrumsError
 from drums._types import CommandResult, Utf8Stream, argv_of, exec_body
@@ -85,12 +86,19 @@ class CommandHandle:
         status: ExitStatus | None = None
         try:
             try:
-                for line in self._r.iter_lines():
-                    # Read on past the exit frame to the body's end (nothing
-                    # follows it): a response read whole returns its
-                    # connection to the pool, where a cut one is closed.
-                    if line and status is None:
-                        status = self._frame(line)
+                # Lines split from the raw bytes (frames are ASCII JSON): no
+                # text decoder in the way. Read on past the exit frame to the
+                # body's end (nothing follows it): a response read whole
+                # returns its connection to the pool, where a cut one is closed.
+                buf = b""
+                for chunk in self._r.iter_raw():
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if line and status is None:
+                            status = self._frame(line)
+                if buf.strip() and status is None:
+                    status = self._frame(buf)
             except httpx.HTTPError as e:
                 if not self._killed:
                     raise DaemonUnavailable(
@@ -122,7 +130,7 @@ class CommandHandle:
             _check(result, self._argv)
         return result
 
-    def _frame(self, line: str) -> ExitStatus | None:
+    def _frame(self, line: bytes) -> ExitStatus | None:
         try:
             frame = json.loads(line)
         except ValueError as e:
@@ -191,7 +199,7 @@ class Commands:
 
     def __init__(self, client: Client, session_id: str) -> None:
         self._client = client
-        self._path = f"/v1/sessions/{session_id}/exec"
+        self._path = client._url(f"/v1/sessions/{seg(session_id)}/exec")
 
     @overload
     def run(
