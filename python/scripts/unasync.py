@@ -63,8 +63,10 @@ SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bAsync([A-Z]\w*)"), r"\1"),
     # async_sleep -> sleep, async_default_client -> default_client.
     (re.compile(r"\basync_(\w+)"), r"\1"),
-    # Prose: "the async twin" stays, "an async iterator" reads "an iterator".
-    (re.compile(r"\ban async (iterator|context manager)\b"), r"an \1"),
+    # Prose: "the async twin" stays; "an async iterator" reads "an iterator",
+    # "an async context manager" "a context manager".
+    (re.compile(r"\ban async iterator\b"), "an iterator"),
+    (re.compile(r"\ban async context manager\b"), "a context manager"),
 ]
 
 HEADER = "# GENERATED from {src} by scripts/unasync.py: do not edit.\n"

@@ -49,9 +49,12 @@ def _client_or_default(client: AsyncClient | None) -> AsyncClient:
 
 
 class AsyncTurnStream:
-    """The live stream of a session's turn effects (`sandbox.inspect()`): an
-    async iterator of `TurnEffects`, one per turn as it ends, and an async
-    context manager that closes it. It ends when the session is removed."""
+    """The live stream of a session's turn effects (`sandbox.inspect()`).
+
+    It is an async iterator of `TurnEffects`, one per turn as it ends, and
+    an async context manager that closes it. It ends when the session is
+    removed.
+    """
 
     def __init__(self, client: AsyncClient, path: str) -> None:
         self._client = client

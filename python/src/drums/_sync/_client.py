@@ -74,7 +74,7 @@ class Client:
 
     One client keeps one pool of connections: make one and share it (the
     module-level helpers share a default one). Close it with `close()` or
-    use it as an context manager.
+    use it as a context manager.
     """
 
     def __init__(

@@ -24,7 +24,7 @@ _CHUNK = 256 * 1024
 
 class FileStream:
     """A file's bytes as they arrive (`files.read(path, format="stream")`):
-    an iterator of chunks and an context manager that closes the
+    an iterator of chunks and a context manager that closes the
     transfer. Iterating to the end closes it too."""
 
     def __init__(self, response: httpx.Response, path: str) -> None:

@@ -50,9 +50,12 @@ def _client_or_default(client: Client | None) -> Client:
 
 
 class TurnStream:
-    """The live stream of a session's turn effects (`sandbox.inspect()`): an
-    async iterator of `TurnEffects`, one per turn as it ends, and an async
-    context manager that closes it. It ends when the session is removed."""
+    """The live stream of a session's turn effects (`sandbox.inspect()`).
+
+    It is an iterator of `TurnEffects`, one per turn as it ends, and
+    a context manager that closes it. It ends when the session is
+    removed.
+    """
 
     def __init__(self, client: Client, path: str) -> None:
         self._client = client
