@@ -132,8 +132,11 @@ class Daemon:
                 + "\n  ".join(leaks)
                 + f"\n--- drumsd log ({self.log_path}) ---\n{self.log()[-5000:]}"
             )
-        # Its state directory (the store image went with the daemon).
+        # Its state directory (the store image went with the daemon), and the
+        # binaries drumsd installs beside it (STATE-bin), as the Rust tests'
+        # TestDaemon removes them.
         shutil.rmtree(self.state, ignore_errors=True)
+        shutil.rmtree(self.state.with_name(self.state.name + "-bin"), ignore_errors=True)
 
     def session_ids(self) -> set[str]:
         """Every session the log names: their veths are `drums<id[:10]>`."""
