@@ -112,6 +112,26 @@ if [ ! -e "$sdk_marker" ]; then
   touch "$sdk_marker"
 fi
 
+# ---- the Python SDK's tools (python/, scripts/python-test.sh) ---------------
+# Every dev tool pinned, in a venv of its own from PyPI through pip; the
+# marker names the pins, so a new pin replaces the venv and an unchanged one
+# costs nothing. hatchling is here because the wheel and sdist are built
+# without build isolation (no download at test time); anyio's pytest plugin
+# runs the async twin's tests; types-pyyaml lets mypy --strict read the
+# spec tests.
+py_sdk_pins="httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 build==1.6.1 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113 hatchling==1.33.0"
+py_sdk_venv=$cache/python-sdk
+py_sdk_marker="$py_sdk_venv/.drums-ready-$(echo "$py_sdk_pins" | tr ' =' '_-')"
+if [ ! -e "$py_sdk_marker" ]; then
+  log "installing the Python SDK's tools into $py_sdk_venv"
+  rm -rf "$py_sdk_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$py_sdk_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$py_sdk_venv/bin/python" -m pip install -q --disable-pip-version-check $py_sdk_pins
+  touch "$py_sdk_marker"
+fi
+
 # ---- the Debian mirror, from the machine's own apt sources -----------------
 mirror_uri() {
   # deb822 sources first (Debian 12's default), then one-line sources.

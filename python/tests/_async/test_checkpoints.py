@@ -1,0 +1,168 @@
+"""Checkpoints, forks, versions, turns, the inspector, jobs and the daemon's
+own calls, against the run's real drumsd (both twins)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import drums
+from drums.models import AuditReport, HostKey, SessionVersion, TurnEffects, Version
+
+
+def unsigned_copy(src: Path, dst: Path) -> None:
+    """The archive without its signature.json: an unsigned archive."""
+    with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
+        for m in tin:
+            if m.name != "signature.json":
+                tout.addfile(m, tin.extractfile(m) if m.isfile() else None)
+
+
+@pytest.mark.anyio
+async def test_checkpoint_restore_export_import(
+    async_client: drums.AsyncClient, tmp_path: Path
+) -> None:
+    async with await drums.AsyncSandbox.create(client=async_client) as sb:
+        await sb.files.write("/root/mark", "before")
+        ck = await sb.checkpoint(name="py-ck")
+        assert (ck.name, ck.info.session_id) == ("py-ck", sb.id)
+        # The SDK's default keeps the session running.
+        assert (await sb.refresh()).state == "running"
+        try:
+            assert [c.id for c in await async_client.checkpoints.list()] == [ck.id]
+            assert (await async_client.checkpoints.get("py-ck")).id == ck.id
+            sibs = await ck.restore(2)
+            try:
+                assert len({s.id for s in sibs}) == 2
+                for s in sibs:
+                    assert s.info.origin == ck.id
+                    assert await s.files.read("/root/mark") == "before"
+                report = await async_client.audit(sibs[0].id, sibs[1].id)
+                assert isinstance(report, AuditReport)
+                assert report.passed, report
+            finally:
+                for s in sibs:
+                    await s.kill()
+            (one,) = await ck.restore(name="py-named-sib")
+            assert one.name == "py-named-sib"
+            await one.kill()
+            archive = tmp_path / "ck.tar"
+            size = await ck.export(archive)
+            assert size == archive.stat().st_size > 0
+            assert not (tmp_path / "ck.tar.part").exists()
+            with open(tmp_path / "ck2.tar", "wb") as f:
+                assert await ck.export(f) == size
+        finally:
+            await ck.remove()
+        with pytest.raises(drums.NotFound):
+            await async_client.checkpoints.get("py-ck")
+        # Signed by this host, whose key it trusts.
+        imported = await async_client.checkpoints.import_(archive)
+        assert imported.name == "py-ck"
+        assert imported.id != ck.id
+        await imported.remove()
+        unsigned = tmp_path / "unsigned.tar"
+        unsigned_copy(archive, unsigned)
+        with pytest.raises(drums.Untrusted) as ue:
+            await async_client.checkpoints.import_(unsigned)
+        assert ue.value.status == 403
+        with open(unsigned, "rb") as f:
+            trusted = await async_client.checkpoints.import_(f, trust_unsigned=True)
+        await trusted.remove()
+
+
+@pytest.mark.anyio
+async def test_fork_turns_versions_rollback_recover(async_client: drums.AsyncClient) -> None:
+    async with await drums.AsyncSandbox.create(client=async_client) as sb:
+        begun = await sb.turn.begin()
+        assert begun.turn == 1
+        async with sb.inspect() as stream:
+            await sb.commands.run("echo one > /root/f")
+            fx = await sb.turn.end(checkpoint=True, policy="full", wait=True)
+            assert isinstance(fx, TurnEffects)
+            assert fx.class_ in ("files", "both")
+            assert any(f.path == "/root/f" for f in fx.files)
+            assert fx.checkpoint is not None and fx.checkpoint.version is not None
+            v1 = fx.checkpoint.version
+            assert v1.state == "done"
+            seen = await stream.__anext__()
+            assert seen.turn == 1
+        await sb.turn.begin()
+        await sb.commands.run("echo two > /root/f; touch /root/bad")
+        fx2 = await sb.turn.end(checkpoint=True, policy="full")
+        assert fx2.checkpoint is not None and fx2.checkpoint.job
+        job = await async_client.jobs.promote(fx2.checkpoint.job)
+        assert job.id == fx2.checkpoint.job
+        job = await async_client.jobs.get(job.id, wait=True)
+        assert job.state == "done", job
+        versions = await sb.versions()
+        assert all(isinstance(v, SessionVersion) for v in versions)
+        assert [v.number for v in versions] == [1, 2]
+        # Back to before the bad turn: same session, its files as they were.
+        info = await sb.rollback(to=v1.number)
+        assert info.id == sb.id
+        assert await sb.files.read("/root/f") == "one\n"
+        assert not await sb.files.exists("/root/bad")
+        assert await sb.turns() == []  # no model call went through the proxy
+        marked = await sb.mark_agent(1)
+        assert 1 in marked.pids
+        await sb.stop_inspecting()
+        # Its processes die; recover brings it back from its newest version.
+        assert sb.info.init_pid is not None
+        os.kill(sb.info.init_pid, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                os.kill(sb.info.init_pid, 0)
+            except ProcessLookupError:
+                break
+            await drums._backends.async_sleep(0.02)
+        recovered = await sb.recover()
+        assert recovered.state == "running"
+        assert recovered.init_pid != info.init_pid
+        # The newest done version is the second turn's.
+        assert await sb.files.read("/root/f") == "two\n"
+        forks = await sb.fork(2)
+        try:
+            assert len(forks) == 2
+            for f in forks:
+                assert await f.files.read("/root/f") == "two\n"
+        finally:
+            for f in forks:
+                await f.kill()
+        (at_v1,) = await sb.fork(at=v1.number, name="py-fork-at")
+        assert at_v1.name == "py-fork-at"
+        assert await at_v1.files.read("/root/f") == "one\n"
+        await at_v1.kill()
+        (kept,) = await sb.fork(keep=True)
+        await kept.kill()
+        for ck in await async_client.checkpoints.list():
+            await ck.remove()
+    with pytest.raises(drums.Conflict):
+        async with await drums.AsyncSandbox.create(client=async_client) as sb:
+            await sb.turn.end()  # no turn is open
+
+
+@pytest.mark.anyio
+async def test_daemon_calls(async_client: drums.AsyncClient, daemon: object) -> None:
+    v = await async_client.version()
+    assert isinstance(v, Version)
+    assert v.api == "v1"
+    k = await async_client.host_key()
+    assert isinstance(k, HostKey)
+    assert k.key.startswith("ed25519 ")
+    doc = await async_client.openapi()
+    assert "operationId: createSession" in doc
+    # A fault point fails the next create with drumsd's own error.
+    await async_client.debug.set_fault("create.subvolume")
+    try:
+        with pytest.raises(drums.InternalError) as ie:
+            await drums.AsyncSandbox.create(client=async_client)
+        assert ie.value.status == 500
+    finally:
+        await async_client.debug.set_fault(None)
+    async with await drums.AsyncSandbox.create(client=async_client):
+        pass

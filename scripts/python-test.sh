@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The Python SDK's gates (python/), in the venv scripts/setup.sh makes:
+#   the sync twin matches its async source (scripts/unasync.py --check),
+#   ruff check and ruff format --check, mypy --strict,
+#   the wheel and the sdist (python -m build, no isolation: no download),
+#   pytest against real drumsd daemons (DRUMS_REQUIRE_ROOT_TESTS=1: a test
+#   that cannot run fails, never skips), with the package installed from the
+#   wheel just built, not from the source tree,
+#   the API reference from the docstrings (pdoc) into target/python-docs.
+# Run from anywhere, as root, after setup.sh and a release build. Arguments
+# go to pytest (e.g. -k files); a run narrowed so skips the check that every
+# operation of the spec was sent to the daemon.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+state=${DRUMS_STATE_DIR:-/var/lib/drums}
+venv=${DRUMS_PYTHON_VENV:-$state/cache/python-sdk}
+py=$venv/bin/python
+[ -x "$py" ] || { echo "python-test: no venv at $venv: run scripts/setup.sh" >&2; exit 1; }
+
+step() { printf '\033[1mpython-test:\033[0m %s\n' "$*" >&2; }
+cd "$repo/python"
+
+step "unasync --check"
+"$py" scripts/unasync.py --check
+
+step "ruff"
+"$venv/bin/ruff" check src tests scripts bench examples
+"$venv/bin/ruff" format --check src tests scripts bench examples
+
+step "mypy --strict"
+"$venv/bin/mypy" --strict src tests bench examples
+
+step "build (wheel and sdist)"
+dist=$repo/target/python-dist
+rm -rf "$dist"
+"$py" -m build --no-isolation --outdir "$dist" . >/dev/null
+ls "$dist"/drums-*.whl "$dist"/drums-*.tar.gz >/dev/null
+
+# The tests import the package as a user would have it: the wheel, installed
+# (not editable) into a directory of its own; httpx and the test tools come
+# from the venv.
+site=$(mktemp -d /tmp/drums-py-site.XXXXXX)
+trap 'rm -rf "$site"' EXIT
+"$py" -m pip install -q --disable-pip-version-check --no-deps --no-index \
+  --target "$site" "$dist"/drums-*.whl
+export PYTHONPATH=$site
+
+step "pytest (real drumsd daemons)"
+DRUMS_REQUIRE_ROOT_TESTS=1 DRUMS_BIN_DIR=${DRUMS_BIN_DIR:-$repo/target/release} \
+  "$py" -c 'import drums, sys; assert drums.__file__.startswith(sys.argv[1]), drums.__file__' "$site"
+DRUMS_REQUIRE_ROOT_TESTS=1 DRUMS_BIN_DIR=${DRUMS_BIN_DIR:-$repo/target/release} \
+  "$py" -m pytest -p no:cacheprovider tests "$@"
+
+step "pdoc (API reference into target/python-docs)"
+rm -rf "$repo/target/python-docs"
+# Warnings are errors: a docstring pdoc cannot read fails the step.
+"$py" -W error -m pdoc --docformat google -o "$repo/target/python-docs" drums
+step "all gates passed"
