@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: unit tests everywhere, the root integration tests that
-# start real drumsd daemons, then every bench once (scripts/bench-smoke.sh).
+# start real drumsd daemons, the Python SDK's gates and tests against real
+# daemons (scripts/python-test.sh), then every bench once
+# (scripts/bench-smoke.sh).
 # Run through `make test`, which runs set-up first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,10 @@ cargo build --release --workspace --bins -q
 # Two at a time: each integration test runs its own daemon, and this machine
 # has two cores.
 cargo test --release --workspace -- --test-threads=2
+# The Python SDK (python/): unasync --check, ruff, mypy --strict, its wheel
+# and sdist, pytest against its own drumsd, the API reference (about a
+# minute).
+bash scripts/python-test.sh
 # Every bench once, with -n 1, against a drumsd of its own: a bench that no
 # longer runs, or leaves a session, checkpoint, image or host resource
 # behind, fails here (about 5 minutes on this 2-core machine; the per-bench
