@@ -36,6 +36,7 @@ fi
 # comparison arms of `drums bench image`. runc: podman's default runtime,
 # crun, refuses this host's hybrid cgroups, so the bench runs podman with
 # `--runtime runc`.
+# buildah: `drums build`'s builder (docs/build.md).
 # busybox-static: the whole of the libc-less test images in
 # crates/daemon/tests/foreign_libc.rs (a static /bin/busybox).
 packages=(
@@ -48,7 +49,7 @@ packages=(
   libseccomp-dev
   xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
   fonts-dejavu-core
-  docker-registry skopeo umoci podman runc
+  docker-registry skopeo umoci podman runc buildah
   busybox-static
 )
 missing=()

@@ -20,6 +20,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "pullImage": ("Images.pull", "AsyncImages.pull"),
     "importImage": ("Images.import_", "AsyncImages.import_"),
     "removeImage": ("Images.remove", "AsyncImages.remove"),
+    "tagImage": ("Images.tag", "AsyncImages.tag"),
     "listSessions": ("Sandbox.list", "AsyncSandbox.list"),
     "createSession": ("Sandbox.create", "AsyncSandbox.create"),
     "getSession": ("Sandbox.connect", "AsyncSandbox.connect"),

@@ -68,6 +68,7 @@ NOT_RETURNED = {
     "CreateSession": "a request: Sandbox.create's arguments",
     "DesktopOptions": "a request: Sandbox.create's desktop_url and screen",
     "PullRequest": "a request: images.pull's arguments",
+    "TagImage": "a request: images.tag's name",
     "EndTurn": "a request: turn.end's arguments",
     "Rollback": "a request: rollback's argument",
     "MarkAgent": "a request: mark_agent's argument",

@@ -317,6 +317,14 @@ fn one() -> usize {
     1
 }
 
+/// `POST /v1/images/{image}/tag`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagImage {
+    /// The new name, a reference (`base:1`, `localhost/base:1`).
+    pub name: String,
+}
+
 /// `POST /v1/pools`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -160,6 +160,19 @@ impl Catalog {
         Ok(())
     }
 
+    /// Name image `id` `name` (a reference as stored), moving the name off
+    /// any image that had it, as `podman tag` does.
+    pub fn tag_image(&self, name: &str, id: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "INSERT INTO oci_names (name, image_id) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET image_id = ?2",
+                params![name, id],
+            )
+            .map_err(sql("tag an image"))?;
+        Ok(())
+    }
+
     /// Every image, newest first.
     pub fn images(&self) -> Result<Vec<ImageRow>> {
         let ids: Vec<String> = {

@@ -35,6 +35,34 @@ pub struct Global {
     pub no_autostart: bool,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct BuildArgs {
+    /// The build context: the directory COPY and ADD read from.
+    pub context: PathBuf,
+    /// The Dockerfile (default CONTEXT/Dockerfile).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// The image's name (a reference: base:1, localhost/base:1).
+    #[arg(short = 't', long = "tag")]
+    pub tag: String,
+    /// Build arguments (ARG), KEY=VALUE.
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+    pub build_args: Vec<String>,
+    /// Give RUN steps the host's network (for apt-get, pip install). Without
+    /// it they have none.
+    #[arg(long)]
+    pub network: bool,
+    /// Build even if an image of the same inputs was built before.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// The FROM images' registries are plain HTTP or self-signed (a local
+    /// registry).
+    #[arg(long)]
+    pub insecure: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum PoolCmd {
     /// Keep SIZE hygienic siblings of a checkpoint ready; prints the pool's name.
@@ -75,9 +103,15 @@ pub enum ImageCmd {
     /// layout directory; prints the image's id.
     Import {
         file: PathBuf,
+        /// The image's name instead of the archive's (`podman load`'s tag).
+        #[arg(long)]
+        name: Option<String>,
         #[arg(long)]
         json: bool,
     },
+    /// Name an OCI image NAME too (`podman tag`); the name moves off any
+    /// image that had it.
+    Tag { image: String, name: String },
     /// Remove images (by reference or id); refused while a session or a
     /// checkpoint uses one. A reference on an image with others is untagged.
     Rm {
@@ -127,7 +161,10 @@ pub enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
-    /// OCI images: import an archive, remove.
+    /// Build an image from a Dockerfile with buildah and store it as a drums
+    /// image (docs/build.md); builds are cached by their inputs.
+    Build(BuildArgs),
+    /// OCI images: import an archive, tag, remove.
     #[command(subcommand)]
     Image(ImageCmd),
     /// Checkpoint a session (CRIU + a btrfs snapshot), or `checkpoint rm ID`.

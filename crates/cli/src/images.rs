@@ -193,7 +193,41 @@ fn progress(v: &serde_json::Value, tty: bool) {
 
 /// An archive file as it is, or an OCI layout directory as an oci-archive
 /// (a tar of the directory), streamed to drumsd.
-pub async fn import(c: &Client, file: &Path, json: bool) -> Result<i32, Failure> {
+pub async fn import(
+    c: &Client,
+    file: &Path,
+    name: Option<&str>,
+    json: bool,
+) -> Result<i32, Failure> {
+    let r = import_archive(c, file, name).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r).expect("serialize"));
+    } else {
+        println!("{}", r.id.unwrap_or_default());
+    }
+    Ok(exit::OK)
+}
+
+/// `drums image tag IMAGE NAME`.
+pub async fn tag(c: &Client, image: &str, name: &str) -> Result<i32, Failure> {
+    let r: ImageRef = c
+        .json(
+            Method::POST,
+            &format!("/v1/images/{}/tag", enc_segment(image)),
+            Some(&drums_api::TagImage { name: name.into() }),
+        )
+        .await?;
+    println!("{}", r.id.unwrap_or_default());
+    Ok(exit::OK)
+}
+
+/// Stream an archive (or an OCI layout directory) to drumsd's import,
+/// named `name` if given; the stored image.
+pub async fn import_archive(
+    c: &Client,
+    file: &Path,
+    name: Option<&str>,
+) -> Result<ImageRef, Failure> {
     let meta = std::fs::metadata(file).map_err(|e| {
         let code = if e.kind() == std::io::ErrorKind::NotFound {
             exit::NOT_FOUND
@@ -227,27 +261,25 @@ pub async fn import(c: &Client, file: &Path, json: bool) -> Result<i32, Failure>
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|r| (r.map(Frame::data), rx))
     });
+    let uri = match name {
+        Some(n) => format!("/v1/images/import?name={}", enc_segment(n)),
+        None => "/v1/images/import".to_owned(),
+    };
     let req = Request::builder()
         .method(Method::POST)
-        .uri("/v1/images/import")
+        .uri(uri)
         .header("host", "drums")
         .header("content-type", "application/x-tar")
         .body(StreamBody::new(stream))
         .expect("valid request");
     let resp = c.check(c.send(req).await?).await;
     let _ = reader.join();
-    let r: ImageRef = serde_json::from_slice(&c.read_body(resp?).await?)
-        .map_err(|e| Failure::new(exit::INTERNAL, format!("decode import answer: {e}")))?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&r).expect("serialize"));
-    } else {
-        println!("{}", r.id.unwrap_or_default());
-    }
-    Ok(exit::OK)
+    serde_json::from_slice(&c.read_body(resp?).await?)
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("decode import answer: {e}")))
 }
 
 /// A reference as one path segment: its `/` and `:` encoded too.
-fn enc_segment(s: &str) -> String {
+pub(crate) fn enc_segment(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {

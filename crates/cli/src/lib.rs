@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod build;
 pub mod commands;
 pub mod connect;
 pub mod demo;

@@ -58,9 +58,13 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             insecure,
             quiet,
         } => drums_cli::images::pull(&c, reference, *insecure, *quiet).await,
-        Command::Image(ImageCmd::Import { file, json }) => {
-            drums_cli::images::import(&c, file, *json).await
+        Command::Image(ImageCmd::Import { file, name, json }) => {
+            drums_cli::images::import(&c, file, name.as_deref(), *json).await
         }
+        Command::Image(ImageCmd::Tag { image, name }) => {
+            drums_cli::images::tag(&c, image, name).await
+        }
+        Command::Build(a) => drums_cli::build::build(&c, &cli.global, a).await,
         Command::Image(ImageCmd::Rm { images }) => drums_cli::images::rm(&c, images).await,
         Command::Image(ImageCmd::Ls { json }) => drums_cli::images::list(&c, *json).await,
         Command::Checkpoint(cmd) => commands::checkpoint(&c, cmd).await,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -158,8 +158,23 @@ fn line(ev: &PullEvent) -> std::result::Result<Bytes, std::io::Error> {
 
 /// An archive in the body: `docker save`'s or an oci-archive (the client
 /// sends an OCI layout directory as an oci-archive).
-pub async fn import(State(m): State<AppState>, body: Body) -> Result<(StatusCode, Json<ImageRef>)> {
-    let row = m.import_image(body.into_data_stream()).await?;
+/// `?name=REF`: the imported image's name instead of the archive's.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportQuery {
+    name: Option<String>,
+}
+
+pub async fn import(
+    State(m): State<AppState>,
+    q: std::result::Result<Query<ImportQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+) -> Result<(StatusCode, Json<ImageRef>)> {
+    // Every error is an ErrorBody, a query's too.
+    let Query(q) = q.map_err(|e| bad(format!("import takes ?name=REFERENCE: {e}")))?;
+    let row = m
+        .import_image(body.into_data_stream(), q.name.as_deref())
+        .await?;
     info!(image = %row.id, names = ?row.names, "image imported");
     Ok((
         StatusCode::CREATED,
@@ -168,6 +183,23 @@ pub async fn import(State(m): State<AppState>, body: Body) -> Result<(StatusCode
             names: row.names,
         }),
     ))
+}
+
+/// `POST /v1/images/{image}/tag {name}`: `podman tag`.
+pub async fn tag(
+    State(m): State<AppState>,
+    Path(image): Path<String>,
+    JsonBody(req): JsonBody<drums_api::TagImage>,
+) -> Result<Json<ImageRef>> {
+    let m2 = m.clone();
+    let row = tokio::task::spawn_blocking(move || m2.tag_image(&image, &req.name))
+        .await
+        .expect("no panic")?;
+    info!(image = %row.id, names = ?row.names, "image tagged");
+    Ok(Json(ImageRef {
+        id: Some(row.id),
+        names: row.names,
+    }))
 }
 
 pub async fn remove(

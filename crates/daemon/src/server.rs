@@ -54,6 +54,7 @@ fn table() -> Vec<Route> {
         route(M::POST, "/v1/images/pull", crate::images::pull),
         route(M::POST, "/v1/images/import", crate::images::import),
         route(M::DELETE, "/v1/images/{image}", crate::images::remove),
+        route(M::POST, "/v1/images/{image}/tag", crate::images::tag),
         route(M::GET, "/v1/sessions", list),
         route(M::POST, "/v1/sessions", create),
         route(M::GET, "/v1/sessions/{session}", show),

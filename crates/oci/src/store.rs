@@ -283,6 +283,17 @@ impl OciStore {
         Ok(())
     }
 
+    /// Give image `what` (as [`OciStore::resolve`] finds it) the name
+    /// `name`, a reference as stored; the image as it is now.
+    pub fn tag(&self, what: &str, name: &str) -> Result<ImageRow> {
+        let _locked = self.lock();
+        let image = self.resolve(what)?;
+        self.catalog.tag_image(name, &image.id)?;
+        self.catalog
+            .image(&image.id)?
+            .ok_or_else(|| StoreOpError::NotFound(what.into()))
+    }
+
     /// The image `what` names: a name as stored (normalised by the caller),
     /// an id (`sha256:HEX`), or a prefix of one's hex of at least 4.
     pub fn resolve(&self, what: &str) -> Result<ImageRow> {

@@ -114,6 +114,35 @@ impl Manager {
         }
     }
 
+    /// `name`, a reference a user gave, as drums stores names (as podman
+    /// normalises them: `base:1` is `docker.io/library/base:1`).
+    pub fn image_name(name: &str) -> Result<String, SessionError> {
+        drums_oci::normalize_reference(name).ok_or_else(|| {
+            SessionError::Invalid(format!(
+                "invalid image name {name:?}: not an OCI reference (like base:1 or localhost/base:1)"
+            ))
+        })
+    }
+
+    /// `podman tag`: OCI image `what` (a name, an id or an id prefix) is also
+    /// named `name` from now on; the name moves off any image that had it.
+    /// drums' own images (`default`, `desktop`) are not OCI images and
+    /// cannot be tagged.
+    pub fn tag_image(&self, what: &str, name: &str) -> Result<ImageRow, SessionError> {
+        let name = Self::image_name(name)?;
+        let row = match self.oci_image(what) {
+            Err(SessionError::ImageNotFound(_) | SessionError::Invalid(_))
+                if drums_image::validate_name(what).is_ok() && self.images.get(what).is_ok() =>
+            {
+                return Err(SessionError::Invalid(format!(
+                    "{what:?} is a drums image, not an OCI image: only OCI images (pulled, imported, built) can be tagged"
+                )))
+            }
+            r => r?,
+        };
+        Ok(self.oci.tag(&row.id, &name)?)
+    }
+
     /// Pull `reference` from its registry into the store. Layers already
     /// stored are not fetched. `events` gets the progress.
     pub async fn pull(
@@ -229,11 +258,18 @@ impl Manager {
     /// streamed as `body`. It is spooled into the store first, within the
     /// room the store has, then unpacked, checked and stored; nothing of it
     /// stays on an error.
-    pub async fn import_image<S, E>(&self, mut body: S) -> Result<ImageRow, SessionError>
+    /// `name`: the image's name instead of the one in the archive (`podman
+    /// load`'s tag), checked before anything is read.
+    pub async fn import_image<S, E>(
+        &self,
+        mut body: S,
+        name: Option<&str>,
+    ) -> Result<ImageRow, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
+        let given = name.map(Self::image_name).transpose()?;
         let staging = self.oci.staging_dir()?;
         let spool = staging.path().join("archive.tar");
         let room = crate::manager::StoreRoom::new(&self.cfg, &self.store_root);
@@ -260,10 +296,11 @@ impl Manager {
             let blob_bytes: u64 = a.image.layers.iter().map(|l| l.size).sum();
             let chains = drums_oci::chain_ids(&a.image.config.diff_ids);
             // As a pull names it: `drums/two:v1` is `docker.io/drums/two:v1`.
-            let name = a
-                .refs
-                .first()
-                .map(|r| drums_oci::normalize_reference(r).unwrap_or_else(|| r.clone()));
+            let name = given.or_else(|| {
+                a.refs
+                    .first()
+                    .map(|r| drums_oci::normalize_reference(r).unwrap_or_else(|| r.clone()))
+            });
             let row = ImageRow {
                 id: a.image.config_digest.clone(),
                 manifest_digest: a.image.digest.clone(),

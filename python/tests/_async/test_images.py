@@ -76,8 +76,19 @@ async def test_import_oci_archive(
     finally:
         await async_client.images.remove(got.id)
     with open(archive, "rb") as f:
-        again = await async_client.images.import_(f)
+        again = await async_client.images.import_(f, name="localhost/imported:1")
     assert again.id is not None
-    await async_client.images.remove(again.id)
+    assert again.names == ("localhost/imported:1",)
+    try:
+        tagged = await async_client.images.tag("localhost/imported:1", "also:2")
+        assert sorted(tagged.names) == ["docker.io/library/also:2", "localhost/imported:1"]
+        with pytest.raises(drums.InvalidArgument, match="invalid image name"):
+            await async_client.images.tag(again.id, "Not A Name")
+        with pytest.raises(drums.NotFound):
+            await async_client.images.tag("localhost/nothing:1", "x:1")
+    finally:
+        await async_client.images.remove(again.id)
     with pytest.raises(drums.InvalidArgument):
         await async_client.images.import_(__file__)  # not an archive
+    with pytest.raises(drums.InvalidArgument, match="invalid image name"):
+        await async_client.images.import_(archive, name="Bad Name")

@@ -75,8 +75,19 @@ def test_import_oci_archive(
     finally:
         client.images.remove(got.id)
     with open(archive, "rb") as f:
-        again = client.images.import_(f)
+        again = client.images.import_(f, name="localhost/imported:1")
     assert again.id is not None
-    client.images.remove(again.id)
+    assert again.names == ("localhost/imported:1",)
+    try:
+        tagged = client.images.tag("localhost/imported:1", "also:2")
+        assert sorted(tagged.names) == ["docker.io/library/also:2", "localhost/imported:1"]
+        with pytest.raises(drums.InvalidArgument, match="invalid image name"):
+            client.images.tag(again.id, "Not A Name")
+        with pytest.raises(drums.NotFound):
+            client.images.tag("localhost/nothing:1", "x:1")
+    finally:
+        client.images.remove(again.id)
     with pytest.raises(drums.InvalidArgument):
         client.images.import_(__file__)  # not an archive
+    with pytest.raises(drums.InvalidArgument, match="invalid image name"):
+        client.images.import_(archive, name="Bad Name")

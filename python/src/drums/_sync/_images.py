@@ -1,5 +1,5 @@
 # GENERATED from src/drums/_async/_images.py by scripts/unasync.py: do not edit.
-"""Images: list, pull from a registry, import an archive, remove."""
+"""Images: list, pull from a registry, import an archive, tag, remove."""
 
 from __future__ import annotations
 
@@ -94,16 +94,37 @@ class Images:
         r = self._client._request("DELETE", f"/v1/images/{seg(ref)}")
         return _parse.parse(ImageRef, json.loads(r.content))
 
-    def import_(self, src: str | os.PathLike[str] | IO[bytes]) -> ImageRef:
+    def tag(self, image: str, name: str) -> ImageRef:
+        """Name an OCI image (by reference or id) `name` too, as `podman tag`
+        does; the name moves off any image that had it."""
+        return self._client._call_json(
+            ImageRef, "POST", f"/v1/images/{seg(image)}/tag", body={"name": name}
+        )
+
+    def import_(
+        self, src: str | os.PathLike[str] | IO[bytes], *, name: str | None = None
+    ) -> ImageRef:
         """Import a `docker save` archive or an oci-archive, streamed from a
-        path or a binary file object."""
+        path or a binary file object; `name` names the image instead of the
+        archive's own name (`podman load`'s tag)."""
         c = self._client
         headers = {"content-type": "application/x-tar"}
+        params = {"name": name} if name is not None else None
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
                 return c._call_json(
-                    ImageRef, "POST", "/v1/images/import", content=file_chunks(f), headers=headers
+                    ImageRef,
+                    "POST",
+                    "/v1/images/import",
+                    content=file_chunks(f),
+                    headers=headers,
+                    params=params,
                 )
         return c._call_json(
-            ImageRef, "POST", "/v1/images/import", content=file_chunks(src), headers=headers
+            ImageRef,
+            "POST",
+            "/v1/images/import",
+            content=file_chunks(src),
+            headers=headers,
+            params=params,
         )
