@@ -124,8 +124,8 @@ KNOWN = [
     ),
     (
         "ST202",
-        ("DELETE /v1/images/{image}",),
-        _says("invalid image name"),
+        ("DELETE /v1/images/{image}", "POST /v1/images/{image}/tag"),
+        _says("invalid image name", "is a drums image"),
         "spec: what names an image (a drums name, a reference, an id) is not a schema",
     ),
     (
