@@ -3,8 +3,9 @@
 //! a loopback `docker-registry` serving the base image: a Dockerfile's
 //! FROM, RUN, COPY, WORKDIR, ENV and USER end up in a session; a second
 //! build of the same inputs is a cache hit; a failing RUN, a step that needs
-//! the network without one, and bad input each say so clearly and leave
-//! nothing in drumsd, in the build's storage or on the host.
+//! the network without one, a FROM image that does not exist, and bad input
+//! each say so clearly and leave nothing in drumsd, in the build's storage or
+//! on the host.
 
 mod common;
 
@@ -192,7 +193,7 @@ fn a_dockerfile_becomes_a_session_image_and_the_same_inputs_hit_the_cache() {
 }
 
 #[test]
-fn a_failing_step_or_a_step_that_needs_the_network_says_so_and_leaves_nothing() {
+fn a_failing_step_a_step_that_needs_the_network_or_a_missing_base_says_so_and_leaves_nothing() {
     let reg = Registry::start();
     let base = push_base(&reg);
     let mut d = TestDaemon::start();
@@ -232,6 +233,17 @@ fn a_failing_step_or_a_step_that_needs_the_network_says_so_and_leaves_nothing() 
     );
     assert!(
         err.contains("no network") && err.contains("--network"),
+        "{err}"
+    );
+    assert_build_storage_clean(&d);
+    // A FROM image that does not exist.
+    let ctx = context(&format!("FROM {}/nope:1\nRUN true\n", reg.addr()), &[]);
+    let err = fails(
+        &build(&d, ctx.path(), "localhost/nope:1", &[]),
+        "FROM a missing image",
+    );
+    assert!(
+        err.contains("buildah build") && err.contains("failed"),
         "{err}"
     );
     assert_build_storage_clean(&d);
