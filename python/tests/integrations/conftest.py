@@ -31,6 +31,14 @@ os.environ["MSWEA_COST_TRACKING"] = "ignore_errors"
 os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "3"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The SDK's tests turn every warning into an error. litellm's types warn
+    # through pydantic when first built (third-party, not ours to mend).
+    config.addinivalue_line(
+        "filterwarnings", "ignore:Items? .* using the `ReadOnly` qualifier:UserWarning"
+    )
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_MSWEA_DIR, ignore_errors=True)
 

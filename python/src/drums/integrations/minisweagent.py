@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import subprocess
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ _MERGE = 'exec "$@" 2>&1'
 # constant script, nothing of the caller's in it.
 _UNAME = "uname -s; uname -n; uname -r; uname -v; uname -m"
 _UNAME_KEYS = ("system", "node", "release", "version", "machine")
+
+# The coordinator's watch looks at a session ten times a second.
+_RECOVERY_POLL_S = 0.1
 
 
 @dataclass
@@ -94,6 +98,10 @@ class DrumsEnvironmentConfig:
     step is a versioned turn: see `DrumsEnvironment.model_base_url`."""
     llm_proxy: str = DEFAULT_LLM_PROXY
     """Where drumsd's LLM proxy listens for agents on the host."""
+    recovery_timeout: int | float = 120
+    """Coordinated only: how long a command refused because the session is
+    down (its processes were killed) waits for the coordinator to recover
+    it before it is sent again."""
 
     def __post_init__(self) -> None:
         # YAML hands over whatever it parsed: refuse a wrong type here, not
@@ -110,7 +118,7 @@ class DrumsEnvironmentConfig:
                 )
             elif f.name == "sandbox_kwargs":
                 ok = isinstance(val, dict) and all(isinstance(k, str) for k in val)
-            elif f.name == "timeout":
+            elif f.name in ("timeout", "recovery_timeout"):
                 ok = isinstance(val, int | float) and not isinstance(val, bool) and val > 0
             elif f.name == "interpreter":
                 ok = (
@@ -250,12 +258,35 @@ class DrumsEnvironment:
         if not isinstance(command, str):
             raise TypeError(f"the action's command must be a str, not {type(command).__name__}")
         argv = ["/bin/sh", "-c", _MERGE, "sh", *self.config.interpreter, command]
-        return self.sandbox.commands.run(
-            argv,
-            cwd=cwd or self.config.cwd or None,
-            envs=self.config.env or None,
-            timeout=limit,
-        )
+        deadline: float | None = None
+        while True:
+            try:
+                return self.sandbox.commands.run(
+                    argv,
+                    cwd=cwd or self.config.cwd or None,
+                    envs=self.config.env or None,
+                    timeout=limit,
+                )
+            except (drums.Unavailable, drums.Conflict) as e:
+                # A coordinated session whose processes died is recovered by
+                # drumsd's coordinator (docs/coordinator.md, "Failures"); a
+                # command that reached it meanwhile was refused before it
+                # started (its guest gone: 502 guest_unavailable; the session
+                # being restored: 409), so it is sent again once the session
+                # is back. A command the failure broke while it ran is
+                # drumsd's to re-issue, never the environment's.
+                refused = isinstance(e, drums.Conflict) or e.kind == "guest_unavailable"
+                if not (self.config.coordinated and refused):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.config.recovery_timeout
+                    self.logger.warning(
+                        "session %s is down (%s): waiting for its recovery", self.sandbox.name, e
+                    )
+                if now > deadline:
+                    raise
+                time.sleep(_RECOVERY_POLL_S)
 
     def _check_finished(self, output: dict[str, Any]) -> None:
         """Raises `Submitted` when the output's first line is the marker and
