@@ -82,11 +82,12 @@ def _run(cfg: dict[str, Any], task: str) -> tuple[Any, Any, dict[str, Any]]:
     """What mini's `main` does: model, environment, agent from the config, then run."""
     model = get_model(config=cfg.get("model", {}))
     env = get_environment(cfg.get("environment", {}), default_type="local")
+    assert isinstance(env, DrumsEnvironment)
     agent = get_agent(model, env, cfg.get("agent", {}), default_type="default")
     try:
         result = agent.run(task)
     except BaseException:
-        env.cleanup()  # type: ignore[attr-defined]
+        env.cleanup()
         raise
     return agent, env, result
 
@@ -143,7 +144,9 @@ def test_deterministic_model_solves_a_repo_task(daemon: Daemon) -> None:
             assert data["info"]["config"]["environment_type"] == ENV_CLASS
             assert data["info"]["config"]["environment"]["from_checkpoint"] == "mswea-task"
             json.dumps(data)
-            r = env.sandbox.commands.run(["python3", "-m", "unittest", "-q", "test_calc"], cwd="/repo")
+            r = env.sandbox.commands.run(
+                ["python3", "-m", "unittest", "-q", "test_calc"], cwd="/repo"
+            )
             assert r.exit_code == 0
         finally:
             env.cleanup()
@@ -209,7 +212,10 @@ def test_execute_v1_signature(daemon: Daemon) -> None:
 def _v1_has_finished(output: dict[str, Any]) -> str | None:
     """mini-swe-agent 1.x's DefaultAgent.has_finished, as a function."""
     lines = output.get("output", "").lstrip().splitlines(keepends=True)
-    if lines and lines[0].strip() in ("MINI_SWE_AGENT_FINAL_OUTPUT", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"):
+    if lines and lines[0].strip() in (
+        "MINI_SWE_AGENT_FINAL_OUTPUT",
+        "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+    ):
         if output.get("returncode", 0) != 0:
             return None
         return "".join(lines[1:])
@@ -262,8 +268,8 @@ def test_yaml_selects_it(daemon: Daemon, tmp_path: Path) -> None:
     )
     cfg = get_config_from_spec(str(cfg_file))
     env = get_environment(cfg["environment"])
+    assert isinstance(env, DrumsEnvironment)
     try:
-        assert isinstance(env, DrumsEnvironment)
         assert env.execute({"command": "pwd; echo $A"})["output"] == "/tmp\n1\n"
         assert env.sandbox.info.limits.memory_bytes == 256 << 20
     finally:

@@ -5,16 +5,23 @@ the run ending exactly as an uninterrupted one."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import inspect
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import litellm
+import pytest
 from minisweagent.agents import get_agent
+from minisweagent.agents.default import DefaultAgent
 from minisweagent.config import get_config_from_spec
 from minisweagent.environments import get_environment
 from minisweagent.models import get_model
@@ -37,6 +44,30 @@ SLEEP_ARGV = b"sleep\x002.5\x00"
 
 # litellm prints its provider list when it cannot price the mock's model.
 litellm.suppress_debug_info = True
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_litellm_clients() -> Iterator[None]:
+    """litellm keeps its HTTP clients cached and an event loop set for the
+    process: close them here, or their sockets to the proxy would be
+    collected, unclosed, in some later test (every warning is an error)."""
+    yield
+    for client in list(litellm.in_memory_llm_clients_cache.cache_dict.values()):
+        close = getattr(client, "close", None)
+        if callable(close) and not inspect.iscoroutinefunction(close):
+            with contextlib.suppress(Exception):
+                close()
+    litellm.in_memory_llm_clients_cache.flush_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        # The loop litellm's service logger set as this thread's current one
+        # (asyncio.get_event_loop() from sync code).
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+        if not loop.is_running():
+            loop.close()
+        asyncio.set_event_loop(None)
+        gc.collect()
 
 
 def _config(daemon: Daemon, llm_proxy: str, name: str) -> dict[str, Any]:
@@ -95,6 +126,7 @@ def _run(
     try:
         assert env.model_base_url == f"{llm_proxy}/s/{name}/v1"
         agent = get_agent(model, env, cfg["agent"], default_type="default")
+        assert isinstance(agent, DefaultAgent)
         killer = _Killer(env.sandbox, kill_init) if kill == "command" else None
         if killer:
             killer.start()

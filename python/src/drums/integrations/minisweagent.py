@@ -121,11 +121,7 @@ class DrumsEnvironmentConfig:
             elif f.name in ("timeout", "recovery_timeout"):
                 ok = isinstance(val, int | float) and not isinstance(val, bool) and val > 0
             elif f.name == "interpreter":
-                ok = (
-                    isinstance(val, list)
-                    and bool(val)
-                    and all(isinstance(a, str) for a in val)
-                )
+                ok = isinstance(val, list) and bool(val) and all(isinstance(a, str) for a in val)
             else:  # coordinated
                 ok = isinstance(val, bool)
             if not ok:
@@ -334,7 +330,9 @@ class DrumsEnvironment:
         (a `LitellmModel`'s `model_kwargs: {api_base: ...}`). Only with
         `coordinated`."""
         if not self.config.coordinated:
-            raise ValueError("model_base_url: the environment is not coordinated (coordinated=True)")
+            raise ValueError(
+                "model_base_url: the environment is not coordinated (coordinated=True)"
+            )
         return f"{self.config.llm_proxy.rstrip('/')}/s/{self.sandbox.name}/v1"
 
     def cleanup(self) -> None:
