@@ -57,7 +57,7 @@ def _close_litellm_clients() -> Iterator[None]:
         if callable(close) and not inspect.iscoroutinefunction(close):
             with contextlib.suppress(Exception):
                 close()
-    litellm.in_memory_llm_clients_cache.flush_cache()
+    litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -55,7 +55,7 @@ import signal
 import tarfile
 import tempfile
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -205,7 +205,8 @@ class DrumsDeployment(AbstractDeployment):
         self.logger = logger or _log
         self._runtime: DrumsRuntime | None = None
         self._hooks = CombinedDeploymentHook()
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        # Set by start(): removes a session never stopped (see __del__).
+        self._finalizer: Callable[[], object] | None = None
 
     @classmethod
     def from_config(cls, config: DrumsDeploymentConfig) -> DrumsDeployment:
@@ -256,7 +257,7 @@ class DrumsDeployment(AbstractDeployment):
             return
         async with _client(self._config.socket) as client:
             await drums.AsyncSandbox(rt.session, client=client).kill()
-        if self._finalizer is not None:
+        if isinstance(self._finalizer, weakref.finalize):
             self._finalizer.detach()
 
     @property
