@@ -3,6 +3,7 @@ run's drumsd."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,3 +42,24 @@ def test_example_runs(example: str, expect: list[str], daemon: Daemon, tmp_path:
     assert r.returncode == 0, f"{example} failed:\n{r.stdout}\n{r.stderr}"
     for line in expect:
         assert line in r.stdout, r.stdout
+
+
+def test_bench_runs(daemon: Daemon) -> None:
+    """bench/integrations/harness_bench.py keeps working (a few iterations,
+    one round each, its JSON checked)."""
+    bench = Path(__file__).resolve().parents[2] / "bench/integrations/harness_bench.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(drums.__file__).resolve().parents[1])}
+    argv = [sys.executable, str(bench), "-n", "3", "--rounds", "1", "--json"]
+    r = subprocess.run(
+        [*argv, "--socket", str(daemon.socket)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["execute"]) == {"drums", "drums_sh", "local"}
+    assert set(out["best_of_8"]) == {"fork", "cold"}
+    for arm in (*out["execute"].values(), *out["best_of_8"].values()):
+        assert 0 < arm["p50_ms"] <= arm["p95_ms"]
