@@ -27,7 +27,9 @@ call to the next. What differs from SWE-ReX's pexpect session:
   and `expect_string` is always "";
 - a `BashInterruptAction` sends SIGINT to the bash's child processes
   (`pkill -INT -P`, from procps), then waits for the interrupted command to
-  end; after `n_retry` tries it sends SIGKILL instead;
+  end; after `n_retry` tries it sends SIGKILL instead. The running program
+  stops, but the rest of the command's line goes on (a terminal's Ctrl-C
+  would abandon it);
 - a command that makes the bash exit raises `SessionNotInitializedError`.
 
 **Commands** (`execute`) run as `subprocess.run` would: a `str` with
