@@ -6,7 +6,10 @@
 #   pytest against real drumsd daemons (DRUMS_REQUIRE_ROOT_TESTS=1: a test
 #   that cannot run fails, never skips), with the package installed from the
 #   wheel just built, not from the source tree,
-#   the API reference from the docstrings (pdoc) into target/python-docs.
+#   the API reference from the docstrings (pdoc) into target/python-docs;
+# then drums.integrations in the harness venv (mini-swe-agent, SWE-ReX):
+#   mypy --strict with the harnesses installed, and pytest tests/integrations
+#   against a real drumsd with its LLM proxy on, from the same wheel.
 # Run from anywhere, as root, after setup.sh and a release build. Arguments
 # go to pytest (e.g. -k files); a run narrowed so skips the check that every
 # operation of the spec was sent to the daemon.
@@ -16,6 +19,11 @@ state=${DRUMS_STATE_DIR:-/var/lib/drums}
 venv=${DRUMS_PYTHON_VENV:-$state/cache/python-sdk}
 py=$venv/bin/python
 [ -x "$py" ] || { echo "python-test: no venv at $venv: run scripts/setup.sh" >&2; exit 1; }
+hvenv=${DRUMS_HARNESS_VENV:-$state/cache/harnesses}
+hpy=$hvenv/bin/python
+[ -x "$hpy" ] || { echo "python-test: no harness venv at $hvenv: run scripts/setup.sh" >&2; exit 1; }
+# What needs a harness installed is checked in the harness venv, below.
+integrations=(src/drums/integrations tests/integrations examples/integrations bench/integrations)
 
 step() { printf '\033[1mpython-test:\033[0m %s\n' "$*" >&2; }
 cd "$repo/python"
@@ -28,7 +36,7 @@ step "ruff"
 "$venv/bin/ruff" format --check src tests scripts bench examples
 
 step "mypy --strict"
-"$venv/bin/mypy" --strict src tests bench examples
+"$venv/bin/mypy" --strict --exclude "^($(IFS='|'; echo "${integrations[*]}"))/" src tests bench examples
 
 step "build (wheel and sdist)"
 dist=$repo/target/python-dist
@@ -49,10 +57,27 @@ step "pytest (real drumsd daemons)"
 DRUMS_REQUIRE_ROOT_TESTS=1 DRUMS_BIN_DIR=${DRUMS_BIN_DIR:-$repo/target/release} \
   "$py" -c 'import drums, sys; assert drums.__file__.startswith(sys.argv[1]), drums.__file__' "$site"
 DRUMS_REQUIRE_ROOT_TESTS=1 DRUMS_BIN_DIR=${DRUMS_BIN_DIR:-$repo/target/release} \
-  "$py" -m pytest -p no:cacheprovider tests "$@"
+  "$py" -m pytest -p no:cacheprovider --ignore=tests/integrations tests "$@"
 
 step "pdoc (API reference into target/python-docs)"
 rm -rf "$repo/target/python-docs"
-# Warnings are errors: a docstring pdoc cannot read fails the step.
-"$py" -W error -m pdoc --docformat google -o "$repo/target/python-docs" drums
+# Warnings are errors: a docstring pdoc cannot read fails the step. The
+# integrations need their harnesses: documented from the harness venv below.
+"$py" -W error -m pdoc --docformat google -o "$repo/target/python-docs" drums '!drums\.integrations.*'
+
+step "harness venv: mypy --strict (drums.integrations with mini-swe-agent and SWE-ReX)"
+"$hvenv/bin/mypy" --strict "${integrations[@]}"
+
+step "harness venv: pytest tests/integrations (real drumsd, its LLM proxy, a mock upstream)"
+"$hpy" -c 'import drums, sys; assert drums.__file__.startswith(sys.argv[1]), drums.__file__' "$site"
+# A run narrowed by arguments (-k files) may select none of these: that is
+# no failure (pytest's exit 5), a run without arguments must run them all.
+rc=0
+DRUMS_REQUIRE_ROOT_TESTS=1 DRUMS_BIN_DIR=${DRUMS_BIN_DIR:-$repo/target/release} \
+  "$hpy" -m pytest -p no:cacheprovider tests/integrations "$@" || rc=$?
+if [ "$rc" != 0 ] && ! { [ "$rc" = 5 ] && [ $# -gt 0 ]; }; then exit "$rc"; fi
+
+step "harness venv: pdoc (the whole package, integrations too, into target/python-docs)"
+rm -rf "$repo/target/python-docs"
+"$hpy" -W error -m pdoc --docformat google -o "$repo/target/python-docs" drums drums.integrations
 step "all gates passed"

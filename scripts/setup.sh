@@ -133,6 +133,28 @@ if [ ! -e "$py_sdk_marker" ]; then
   touch "$py_sdk_marker"
 fi
 
+# ---- the agent harnesses, for drums.integrations (scripts/python-test.sh) ---
+# mini-swe-agent and SWE-ReX from PyPI, pinned, in a venv of their own (their
+# dependency trees are large and must not leak into the SDK's gates), with
+# the tools their tests and mypy need. httpx is pinned to the SDK's release
+# line (litellm accepts it; unpinned, pip would take a newer one the SDK is
+# not tested with); litellm and pydantic are pinned because the tests drive
+# them (a model through drums' LLM proxy, the environments' configs). Harbor
+# is not here: every release of it needs Python >= 3.12, and Debian 12 has
+# 3.11 (docs/integrations.md). Same marker scheme as the venvs above.
+harness_pins="mini-swe-agent==2.4.6 swe-rex==1.4.0 litellm==1.110.2 pydantic==2.14.4 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 types-pyyaml==6.0.12.20261113"
+harness_venv=$cache/harnesses
+harness_marker="$harness_venv/.drums-ready-$(echo "$harness_pins" | tr ' =' '_-')"
+if [ ! -e "$harness_marker" ]; then
+  log "installing the agent harnesses into $harness_venv"
+  rm -rf "$harness_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$harness_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$harness_venv/bin/python" -m pip install -q --disable-pip-version-check $harness_pins
+  touch "$harness_marker"
+fi
+
 # ---- the Debian mirror, from the machine's own apt sources -----------------
 mirror_uri() {
   # deb822 sources first (Debian 12's default), then one-line sources.

@@ -73,7 +73,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def daemon() -> Iterator[Daemon]:
     """The run's drumsd; at the end, SIGTERM and proof that nothing is left."""
     require_daemon()
-    d = Daemon(pick_k())
+    yield from serve(Daemon(pick_k()))
+
+
+def serve(d: Daemon) -> Iterator[Daemon]:
+    """Start `d`, yield it, then stop it and prove that nothing is left (the
+    body of a session-scoped `daemon` fixture; tests/integrations' starts its
+    drumsd with the LLM proxy on)."""
     d.start()
     with drums.Client(d.socket, autostart=False) as c:
         # The images directory is the host's: a test's own images must go.

@@ -44,8 +44,20 @@ class Daemon:
     """One drumsd. `k` picks its names: bridge drpy<k>, subnet 10.216.<k>.0/24,
     cgroup parent drums-py-<k>."""
 
-    def __init__(self, k: int, state: Path | None = None) -> None:
+    def __init__(
+        self,
+        k: int,
+        state: Path | None = None,
+        *,
+        llm_proxy_local: str = "off",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.k = k
+        # The LLM proxy's host listener defaults to 127.0.0.1:7080, which a
+        # second daemon (the crash test's, another engineer's) would fight
+        # over: off unless a test (the integrations') serves it a port.
+        self.llm_proxy_local = llm_proxy_local
+        self.extra_args = extra_args
         self.state = state or Path(tempfile.mkdtemp(prefix=f"drumspy{k}-"))
         self.socket = self.state / "drumsd.sock"
         self.log_path = self.state / "drumsd.log"
@@ -68,10 +80,8 @@ class Daemon:
                     "--cgroup-parent", self.cgroup_parent,
                     "--store-gib", "4",
                     "--enable-fault-injection",
-                    # The LLM proxy's host listener defaults to 127.0.0.1:7080,
-                    # which a second daemon (the crash test's, another
-                    # engineer's) would fight over; these tests do not use it.
-                    "--llm-proxy-local", "off",
+                    "--llm-proxy-local", self.llm_proxy_local,
+                    *self.extra_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

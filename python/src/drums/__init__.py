@@ -16,6 +16,9 @@ Everything here has an async twin of the same shape: `AsyncSandbox`,
 The module-level helpers (`drums.checkpoints`, `drums.images`, `drums.jobs`,
 `drums.pools`, `drums.debug`, `drums.version()`, ...) use a default `Client`
 made from the environment; every class also takes `client=`.
+
+Agent harnesses (mini-swe-agent, SWE-ReX) have adapters in
+`drums.integrations`, which `import drums` does not import.
 """
 
 from __future__ import annotations

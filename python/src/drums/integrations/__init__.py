@@ -1,0 +1,11 @@
+"""Adapters that let agent harnesses run their commands in drums sandboxes.
+
+Each module adapts one harness's interface to the SDK and does nothing else;
+none is imported by `import drums`, and each imports its harness only where
+it must, so the SDK never depends on a harness.
+
+- `drums.integrations.minisweagent`: `DrumsEnvironment`, an environment for
+  mini-swe-agent (2.x, and the 1.x `execute(command)` call).
+- `drums.integrations.swerex`: `DrumsDeployment`, a SWE-ReX deployment whose
+  runtime drives the session through the SDK (no server in the sandbox).
+"""
