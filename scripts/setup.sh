@@ -167,6 +167,24 @@ mirror_uri() {
   echo "${u%/}"
 }
 
+# ---- a deb-src entry for sid, for the source packages built below -----------
+# Source packages only (no binary from sid is ever installed). Called only
+# when a source tarball below is missing; then apt's lists are refreshed so
+# `apt-get source` sees sid.
+sid_src() {
+  local m
+  m=$(mirror_uri)
+  log "adding a deb-src entry for sid from $m (source packages only)"
+  cat > /etc/apt/sources.list.d/drums-sid-src.sources <<SRC
+Types: deb-src
+URIs: $m
+Suites: sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  apt-get update -qq
+}
+
 # ---- CRIU 4.2.1 from Debian's source package (sid) --------------------------
 # Bookworm's 3.17 fails on kernel 6.18 (SO_PASSCRED on listening sockets), and
 # sid's binary needs glibc 2.38, so build sid's orig tarball.
@@ -175,17 +193,7 @@ if ! have_criu; then
   mkdir -p "$cache/criu"
   tarball="$cache/criu/criu_${criu_version}.orig.tar.xz"
   if [ ! -s "$tarball" ]; then
-    m=$(mirror_uri)
-    src=/etc/apt/sources.list.d/drums-sid-src.sources
-    log "adding a deb-src entry for sid from $m (source packages only)"
-    cat > "$src" <<SRC
-Types: deb-src
-URIs: $m
-Suites: sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-    apt-get update -qq
+    sid_src
     # The packaging tarball of this version is missing on the mirror, so apt-get
     # source exits non-zero after the orig tarball arrived; only that is needed.
     (cd "$cache/criu" && apt-get source --download-only -qq "criu=${criu_version}-*" >/dev/null 2>&1 || true)
