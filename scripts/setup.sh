@@ -39,6 +39,9 @@ fi
 # buildah: `drums build`'s builder (docs/build.md).
 # busybox-static: the whole of the libc-less test images in
 # crates/daemon/tests/foreign_libc.rs (a static /bin/busybox).
+# CPython 3.13's build deps (Harbor's interpreter, below), for the modules it
+# needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev and
+# uuid-dev above: zlib, uuid).
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -51,6 +54,7 @@ packages=(
   fonts-dejavu-core
   docker-registry skopeo umoci podman runc buildah
   busybox-static
+  libssl-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -213,6 +217,49 @@ if ! have_criu; then
 fi
 have_criu || { echo "setup: criu --version does not report $criu_version" >&2; exit 1; }
 log "$(criu --version | head -1)"
+
+# ---- CPython 3.13 from Debian's source package (sid), for Harbor -------------
+# Harbor (the Terminal-Bench 2 harness) needs Python >= 3.12 and Debian 12 has
+# 3.11, so build the orig tarball (upstream's release tarball, checked by apt
+# against sid's signed Sources) of sid's python3.13 into a prefix of drums'
+# own cache: never /usr or /usr/local, and
+# `make altinstall` writes bin/python3.13 only, no python3. sid lists more
+# than one python3.13 and the mirror has the files of 3.13.15-1 only, so the
+# version is pinned and its Debian revision looked up (apt-get source takes
+# no wildcard). No PGO or LTO: about 3 minutes on 2 cores. The marker names
+# the version, so an unchanged one costs nothing; the build tree goes after
+# the check, the tarball and build.log stay.
+py_version=3.13.15
+py_prefix=$cache/python3.13
+py_src=$cache/python3.13-src
+py_marker="$py_prefix/.drums-ready-$py_version"
+py_modules='import ssl, sqlite3, ctypes, zlib, bz2, lzma, uuid, readline, venv'
+if [ ! -e "$py_marker" ]; then
+  mkdir -p "$py_src"
+  tarball="$py_src/python3.13_${py_version}.orig.tar.xz"
+  if [ ! -s "$tarball" ]; then
+    sid_src
+    deb_version=$(apt-cache showsrc python3.13 2>/dev/null \
+      | awk -v v="$py_version" '$1 == "Version:" && index($2, v "-") == 1 { print $2; exit }')
+    [ -n "$deb_version" ] \
+      || { echo "setup: sid has no python3.13 $py_version source package; update py_version" >&2; exit 1; }
+    (cd "$py_src" && apt-get source --download-only -qq "python3.13=$deb_version" >/dev/null 2>&1 || true)
+    [ -s "$tarball" ] \
+      || { echo "setup: could not download $tarball from sid's python3.13 $deb_version" >&2; exit 1; }
+  fi
+  log "building CPython $py_version into $py_prefix (no PGO/LTO; about 3 minutes)"
+  rm -rf "$py_src/build" "$py_prefix" && mkdir -p "$py_src/build"
+  tar -C "$py_src/build" --strip-components=1 -xf "$tarball"
+  (cd "$py_src/build" \
+    && ./configure --prefix="$py_prefix" --with-ensurepip=no \
+    && make -j"$(nproc)" \
+    && make altinstall) >"$py_src/build.log" 2>&1 \
+    || { tail -30 "$py_src/build.log" >&2; echo "setup: CPython build failed, log: $py_src/build.log" >&2; exit 1; }
+  "$py_prefix/bin/python3.13" -c "$py_modules" \
+    || { echo "setup: CPython $py_version lacks a module ($py_modules), log: $py_src/build.log" >&2; exit 1; }
+  rm -rf "$py_src/build"
+  touch "$py_marker"
+fi
 
 # ---- build drums -----------------------------------------------------------
 log "building drums (release)"
