@@ -145,7 +145,8 @@ fi
 # not tested with); litellm and pydantic are pinned because the tests drive
 # them (a model through drums' LLM proxy, the environments' configs). Harbor
 # is not here: every release of it needs Python >= 3.12, and Debian 12 has
-# 3.11 (docs/integrations.md). Same marker scheme as the venvs above.
+# 3.11; it has a venv of its own on a CPython built below. Same marker scheme
+# as the venvs above.
 harness_pins="mini-swe-agent==2.4.6 swe-rex==1.4.0 litellm==1.110.2 pydantic==2.14.4 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 types-pyyaml==6.0.12.20261113"
 harness_venv=$cache/harnesses
 harness_marker="$harness_venv/.drums-ready-$(echo "$harness_pins" | tr ' =' '_-')"
@@ -259,6 +260,24 @@ if [ ! -e "$py_marker" ]; then
     || { echo "setup: CPython $py_version lacks a module ($py_modules), log: $py_src/build.log" >&2; exit 1; }
   rm -rf "$py_src/build"
   touch "$py_marker"
+fi
+
+# ---- Harbor, for drums.integrations.harbor -----------------------------------
+# harbor from PyPI, pinned, in a venv of its own made with the CPython above,
+# with the test tools at the harness venv's pins and httpx on the SDK's line
+# (harbor accepts it: pip puts harbor 0.26.0 beside httpx 0.28.1). The marker
+# names the interpreter's version and the pins, so a new one of either
+# replaces the venv and an unchanged one costs nothing.
+harbor_pins="harbor==0.26.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5"
+harbor_venv=$cache/harbor
+harbor_marker="$harbor_venv/.drums-ready-$(echo "python==$py_version $harbor_pins" | tr ' =' '_-')"
+if [ ! -e "$harbor_marker" ]; then
+  log "installing harbor into $harbor_venv (Python $py_version)"
+  rm -rf "$harbor_venv"
+  "$py_prefix/bin/python3.13" -m venv "$harbor_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$harbor_venv/bin/python" -m pip install -q --disable-pip-version-check $harbor_pins
+  touch "$harbor_marker"
 fi
 
 # ---- build drums -----------------------------------------------------------
