@@ -2,7 +2,7 @@
 # Host set-up for drums, idempotent: every step checks whether its result is
 # already there and skips if so, so running it again costs seconds.
 #
-#   scripts/setup.sh          packages + schemathesis + CRIU 4.2.1 + release build + images
+#   scripts/setup.sh          packages + venvs + CRIU 4.2.1 + CPython 3.13 + harbor + release build + images
 #
 # It writes no registry host name anywhere: the Debian mirror is derived from the
 # machine's own apt sources.
