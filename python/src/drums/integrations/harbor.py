@@ -42,6 +42,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -63,6 +64,7 @@ from harbor.environments.definition import (  # type: ignore[import-untyped]
     should_use_prebuilt_docker_image,
 )
 from harbor.environments.options import EnvironmentOptions  # type: ignore[import-untyped]
+from harbor.models.trial.paths import EnvironmentPaths  # type: ignore[import-untyped]
 from pydantic import Field
 
 from drums import AsyncClient, AsyncSandbox
@@ -167,7 +169,15 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
                 **o.sandbox_kwargs,
             )
             self.logger.debug("drums session %s for %s", self._sandbox.name, self.session_id)
-            await self.ensure_dirs(self._mount_targets(writable_only=True))
+            # Harbor's /logs dirs, mode 777, as its docker environment makes
+            # them (the trial names them; without a trial, the usual three).
+            paths = EnvironmentPaths.for_os(self.os)
+            dirs = self._mount_targets(writable_only=True) or [
+                str(paths.agent_dir),
+                str(paths.verifier_dir),
+                str(paths.artifacts_dir),
+            ]
+            await self.ensure_dirs(dirs)
             if prebuilt:
                 await self._upload_environment_dir_after_start()
         except BaseException:
@@ -203,7 +213,9 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
         parent = str(PurePosixPath(target_path).parent)
         await self._run_checked(["mkdir", "-p", "--", parent])
         with open(source_path, "rb") as f:
-            await self.sandbox.files.write(target_path, f)
+            # Its mode kept, as `docker cp` keeps it.
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            await self.sandbox.files.write(target_path, f, mode=mode)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """The directory's contents into `target_dir` (made if missing),
@@ -299,11 +311,17 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
             argv.append("--network")
         if force_build:
             argv.append("--no-cache")
+        # The SDK reads DRUMS_NO_AUTOSTART=1 as on, the CLI takes only
+        # true/false: tell it with its flag, as the SDK reads it.
+        env = dict(os.environ)
+        if env.pop("DRUMS_NO_AUTOSTART", "").strip().lower() not in ("", "0", "false", "no", "off"):
+            argv.append("--no-autostart")
         argv.append(str(env_dir))
         lock = self._build_locks.setdefault(self.environment_id, asyncio.Lock())
         async with lock:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
+                env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
