@@ -356,6 +356,23 @@ def test_no_task_toml(daemon: Daemon, registry: reg.Registry, tmp_path: Path) ->
     assert "ValueError: Either datasets or tasks must be provided." in out, out
 
 
+def test_preflight(daemon: Daemon, registry: reg.Registry, tmp_path: Path) -> None:
+    # Before any trial, once per job: an unknown option, a drums CLI that is
+    # not there, a drumsd that does not answer.
+    task = write_task(tmp_path / "tasks", "t", dockerfile="FROM x\n", solve="true\n", test="true")
+    for ek, want in [
+        ("nosuch=1", "Unknown option 'nosuch'."),
+        (f"drums={tmp_path}/nope", f"drums: the drums CLI {tmp_path}/nope is not an executable"),
+        (f"socket={tmp_path}/none.sock", "drums: drumsd does not answer"),
+    ]:
+        argv = [str(HARBOR), "run", "-p", str(task), "-a", "oracle", "-e", ENV_CLASS,
+                "--ek", ek, "-o", str(tmp_path / "jobs"), "-y", "-q"]  # fmt: skip
+        r = subprocess.run(argv, env=harbor_env(tmp_path), capture_output=True, text=True)
+        out = failed(r)
+        assert want in out, (ek, out)
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_example_job(daemon: Daemon, registry: reg.Registry, built: None, tmp_path: Path) -> None:
     env = harbor_env(tmp_path)
     env["DRUMS_SOCKET"] = str(daemon.socket)

@@ -67,7 +67,7 @@ from harbor.environments.options import EnvironmentOptions  # type: ignore[impor
 from harbor.models.trial.paths import EnvironmentPaths  # type: ignore[import-untyped]
 from pydantic import Field
 
-from drums import AsyncClient, AsyncSandbox
+from drums import AsyncClient, AsyncSandbox, Client, DrumsError
 
 __all__ = ["DrumsEnvironment", "DrumsOptions"]
 
@@ -117,6 +117,21 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
     @staticmethod
     def type() -> str:
         return "drums"
+
+    @classmethod
+    def preflight(cls, kwargs: dict[str, Any] | None = None) -> None:
+        """Once per job, before any trial: the options parse (an unknown one
+        is an error), the `drums` CLI given is there, and drumsd answers.
+        Harbor prints a `ValueError` and exits 1."""
+        super().preflight(kwargs)
+        o = cls.parse_options(kwargs)
+        if o.drums and not (os.path.isfile(o.drums) and os.access(o.drums, os.X_OK)):
+            raise ValueError(f"drums: the drums CLI {o.drums} is not an executable file")
+        try:
+            with Client(o.socket or None, state_dir=o.state_dir or None) as c:
+                c.version()
+        except DrumsError as e:
+            raise ValueError(f"drums: drumsd does not answer: {e}") from None
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
