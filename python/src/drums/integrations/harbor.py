@@ -45,6 +45,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import weakref
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
@@ -101,7 +102,10 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
     options_model: ClassVar[type[EnvironmentOptions]] = DrumsOptions
     # One build at a time per environment definition (Harbor's docker
     # environment locks the same way): concurrent trials of one task share it.
-    _build_locks: ClassVar[dict[str, asyncio.Lock]] = {}
+    # Per event loop: a lock belongs to the loop that first waits on it.
+    _build_locks: ClassVar[
+        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]]
+    ] = weakref.WeakKeyDictionary()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._client: AsyncClient | None = None
@@ -332,7 +336,8 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
         if env.pop("DRUMS_NO_AUTOSTART", "").strip().lower() not in ("", "0", "false", "no", "off"):
             argv.append("--no-autostart")
         argv.append(str(env_dir))
-        lock = self._build_locks.setdefault(self.environment_id, asyncio.Lock())
+        locks = self._build_locks.setdefault(asyncio.get_running_loop(), {})
+        lock = locks.setdefault(self.environment_id, asyncio.Lock())
         async with lock:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
