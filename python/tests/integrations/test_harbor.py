@@ -144,7 +144,7 @@ def built(daemon: Daemon) -> Iterator[None]:
     yield
     with drums.Client(daemon.socket, autostart=False) as c:
         for img in c.images.list():
-            if any(n.startswith("localhost/harbor-") for n in img.names):
+            if any(n.startswith("localhost/harbor-") or "/harbor/" in n for n in img.names):
                 c.images.remove(img.id or img.name)
 
 
@@ -186,7 +186,7 @@ def write_task(
 
 
 def good_tasks(root: Path, registry: reg.Registry) -> dict[str, float]:
-    """Three tasks the oracle solves, one whose solution is wrong: name -> reward."""
+    """Four tasks the oracle solves, one whose solution is wrong: name -> reward."""
     base = f"FROM {registry.addr}/{BASE}\n"
     write_task(
         root,
@@ -222,7 +222,24 @@ def good_tasks(root: Path, registry: reg.Registry) -> dict[str, float]:
         solve="echo no > /srv/answer\n",
         test='[ "$(cat /srv/answer)" = yes ]',
     )
-    return {"copy-workdir": 1.0, "env-user": 1.0, "run-layers": 1.0, "wrong-solution": 0.0}
+    # No Dockerfile: the base itself, pulled; environment/ uploaded into the
+    # task's workdir (made: the image has not got it), as Harbor does.
+    write_task(
+        root,
+        "prebuilt",
+        dockerfile=None,
+        files={"notes.txt": "from environment/\n"},
+        solve="cp notes.txt answer.txt\n",
+        test='[ "$(cat /srv/task/answer.txt)" = "from environment/" ]',
+        environment=f'docker_image = "{registry.addr}/{BASE}"\nworkdir = "/srv/task"\n',
+    )
+    return {
+        "copy-workdir": 1.0,
+        "env-user": 1.0,
+        "run-layers": 1.0,
+        "prebuilt": 1.0,
+        "wrong-solution": 0.0,
+    }
 
 
 # ---- harbor run --------------------------------------------------------------------
@@ -396,7 +413,11 @@ def test_example_job(daemon: Daemon, registry: reg.Registry, built: None, tmp_pa
 async def test_environment_calls(
     daemon: Daemon, registry: reg.Registry, built: None, tmp_path: Path
 ) -> None:
-    from harbor.models.task.config import EnvironmentConfig  # type: ignore[import-untyped]
+    from harbor.models.task.config import (  # type: ignore[import-untyped]
+        EnvironmentConfig,
+        NetworkMode,
+        NetworkPolicy,
+    )
     from harbor.models.trial.paths import TrialPaths  # type: ignore[import-untyped]
 
     from drums.integrations.harbor import DrumsEnvironment
@@ -485,6 +506,25 @@ async def test_environment_calls(
         await env.stop(delete=True)  # twice: nothing more
     with pytest.raises(RuntimeError, match="not started"):
         env.sandbox  # noqa: B018
+
+    # A no-network task: egress none (the image is built already: a cache hit).
+    offline = DrumsEnvironment(
+        environment_dir=task / "environment",
+        environment_name="calls",
+        session_id="calls__y__env",
+        trial_paths=trial,
+        task_env_config=EnvironmentConfig(network_mode="no-network"),
+        network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
+        socket=str(daemon.socket),
+        state_dir=str(daemon.state),
+        insecure=True,
+        drums=str(bin_dir() / "drums"),
+    )
+    await offline.start(force_build=False)
+    try:
+        assert offline.sandbox.info.egress == "none"
+    finally:
+        await offline.stop(delete=True)
 
 
 def test_bench_runs(daemon: Daemon, registry: reg.Registry, tmp_path: Path) -> None:

@@ -188,6 +188,9 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
                 **o.sandbox_kwargs,
             )
             self.logger.debug("drums session %s for %s", self._sandbox.name, self.session_id)
+            if self.task_env_config.workdir:
+                # As compose's working_dir: made if the image has not got it.
+                await self._run_checked(["mkdir", "-p", "--", self.task_env_config.workdir])
             # Harbor's /logs dirs, mode 777, as its docker environment makes
             # them (the trial names them; without a trial, the usual three).
             paths = EnvironmentPaths.for_os(self.os)
