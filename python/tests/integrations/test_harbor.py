@@ -381,6 +381,8 @@ def test_preflight(daemon: Daemon, registry: reg.Registry, tmp_path: Path) -> No
         ("nosuch=1", "Unknown option 'nosuch'."),
         (f"drums={tmp_path}/nope", f"drums: the drums CLI {tmp_path}/nope is not an executable"),
         (f"socket={tmp_path}/none.sock", "drums: drumsd does not answer"),
+        ('sandbox_kwargs={"image": "x"}', "set by the environment itself: image"),
+        ('sandbox_kwargs={"nope": 1}', "not arguments of AsyncSandbox.create: nope"),
     ]:
         argv = [str(HARBOR), "run", "-p", str(task), "-a", "oracle", "-e", ENV_CLASS,
                 "--ek", ek, "-o", str(tmp_path / "jobs"), "-y", "-q"]  # fmt: skip

@@ -38,6 +38,7 @@ What differs from Harbor's docker environment is in docs/integrations.md.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import secrets
@@ -66,7 +67,7 @@ from harbor.environments.definition import (  # type: ignore[import-untyped]
 )
 from harbor.environments.options import EnvironmentOptions  # type: ignore[import-untyped]
 from harbor.models.trial.paths import EnvironmentPaths  # type: ignore[import-untyped]
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from drums import AsyncClient, AsyncSandbox, Client, DrumsError
 
@@ -91,6 +92,18 @@ class DrumsOptions(EnvironmentOptions):  # type: ignore[misc]
         default_factory=dict, description="more arguments of AsyncSandbox.create"
     )
 
+    @field_validator("sandbox_kwargs")
+    @classmethod
+    def _known_create_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        known = set(inspect.signature(AsyncSandbox.create).parameters) - {"cls"}
+        own = sorted(_OWN_CREATE_ARGS & set(value))
+        if own:
+            raise ValueError(f"set by the environment itself: {', '.join(own)}")
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"not arguments of AsyncSandbox.create: {', '.join(unknown)}")
+        return value
+
 
 class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
     """A Harbor `BaseEnvironment` over one drums session (see the module).
@@ -112,9 +125,6 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._sandbox: AsyncSandbox | None = None
         super().__init__(*args, **kwargs)
         self.options: DrumsOptions
-        bad = _OWN_CREATE_ARGS & set(self.options.sandbox_kwargs)
-        if bad:
-            raise ValueError(f"drums: sandbox_kwargs cannot set {', '.join(sorted(bad))}")
 
     # ---- what Harbor asks of an environment ------------------------------------
 
