@@ -30,8 +30,14 @@ pub struct Global {
     /// drumsd's socket; default STATE_DIR/drumsd.sock.
     #[arg(long, env = "DRUMS_SOCKET", global = true)]
     pub socket: Option<PathBuf>,
-    /// Never start a daemon; fail if none answers.
-    #[arg(long, env = "DRUMS_NO_AUTOSTART", global = true)]
+    /// Never start a daemon; fail if none answers. The variable takes what
+    /// the Python SDK takes: 1, true, yes or on (0, false, no, off: autostart).
+    #[arg(
+        long,
+        env = "DRUMS_NO_AUTOSTART",
+        global = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub no_autostart: bool,
 }
 
