@@ -343,8 +343,8 @@ class DrumsEnvironment(BaseEnvironment):  # type: ignore[misc]
             argv.append("--network")
         if force_build:
             argv.append("--no-cache")
-        # The SDK reads DRUMS_NO_AUTOSTART=1 as on, the CLI takes only
-        # true/false: tell it with its flag, as the SDK reads it.
+        # DRUMS_NO_AUTOSTART as the SDK reads it, told to the CLI by its
+        # flag (a CLI older than its 1/0 spelling took only true/false).
         env = dict(os.environ)
         if env.pop("DRUMS_NO_AUTOSTART", "").strip().lower() not in ("", "0", "false", "no", "off"):
             argv.append("--no-autostart")
