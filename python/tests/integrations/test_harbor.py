@@ -10,6 +10,7 @@ shim that runs busybox's sh (Harbor runs every command under `bash -c`),
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -544,3 +545,92 @@ def test_bench_runs(daemon: Daemon, registry: reg.Registry, tmp_path: Path) -> N
     for arm in ("drums", "podman"):
         for what in ("start", "stop", "total"):
             assert res[arm][what]["p50_ms"] > 0, res
+
+
+# ---- a hostile session against download_dir ---------------------------------------
+
+
+def _evil_tars(outside: Path) -> dict[str, bytes]:
+    """What a hostile session could hand back for `tar -cf`, one attack per
+    archive (an extraction stops at its first refusal): an entry that climbs
+    out, an absolute one, a symlink out with a file written through it, and a
+    hard link to a host file. Each starts with a harmless entry, which shows
+    the archive was read."""
+
+    def archive(*entries: tuple[str, dict[str, Any]]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, kw in (("ok.txt", {}), *entries):
+                ti = tarfile.TarInfo(name)
+                for k, v in kw.items():
+                    setattr(ti, k, v)
+                data = b"pwned\n"
+                if ti.type == tarfile.REGTYPE:
+                    ti.size = len(data)
+                    t.addfile(ti, io.BytesIO(data))
+                else:
+                    t.addfile(ti)
+        return buf.getvalue()
+
+    return {
+        "climb": archive((f"../../../../../..{outside}/climbed", {})),
+        "absolute": archive((f"{outside}/absolute", {})),
+        "symlink": archive(
+            ("link", {"type": tarfile.SYMTYPE, "linkname": str(outside)}), ("link/through", {})
+        ),
+        "hardlink": archive(("hard", {"type": tarfile.LNKTYPE, "linkname": "/etc/hostname"})),
+    }
+
+
+@pytest.mark.anyio
+async def test_a_hostile_session_cannot_write_outside_download_dirs_target(
+    daemon: Daemon, registry: reg.Registry, built: None, tmp_path: Path
+) -> None:
+    from harbor.models.task.config import EnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from drums.integrations.harbor import DrumsEnvironment
+
+    task = write_task(
+        tmp_path / "tasks",
+        "hostile",
+        dockerfile=f"FROM {registry.addr}/{BASE}\n",
+        solve="true\n",
+        test="true",
+    )
+    trial = TrialPaths(tmp_path / "trial")
+    trial.mkdir()
+    env = DrumsEnvironment(
+        environment_dir=task / "environment",
+        environment_name="hostile",
+        session_id="hostile__x__env",
+        trial_paths=trial,
+        task_env_config=EnvironmentConfig(),
+        socket=str(daemon.socket),
+        state_dir=str(daemon.state),
+        insecure=True,
+        drums=str(bin_dir() / "drums"),
+    )
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    await env.start(force_build=False)
+    try:
+        # The session's own `tar` answers with the crafted archive, as code
+        # in a session may: drums' side must not trust what it reads back.
+        await env.exec("mkdir -p /d && rm -f /bin/tar")
+        await env.sandbox.files.write("/bin/tar", '#!/bin/sh\ncat /evil.tar > "$2"\n', mode=0o755)
+        # What the guest runs for ["tar", ...]: the first tar on PATH.
+        assert (await env.exec("which tar; head -c 9 /bin/tar")).stdout == "/bin/tar\n#!/bin/sh"
+        for attack, tar in _evil_tars(outside).items():
+            await env.sandbox.files.write("/evil.tar", tar)
+            target = tmp_path / "target" / attack
+            # Refusing the archive is as good as skipping the bad entry; but
+            # it must have been read (ok.txt, first, came out).
+            with contextlib.suppress(Exception):
+                await env.download_dir("/d", target)
+            assert (target / "ok.txt").read_text() == "pwned\n", attack
+            assert list(outside.iterdir()) == [], f"{attack}: written outside the target"
+            if (target / "hard").exists():
+                assert not (target / "hard").samefile("/etc/hostname"), attack
+    finally:
+        await env.stop(delete=True)
