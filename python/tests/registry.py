@@ -110,8 +110,6 @@ def _blob(layout: Path, data: bytes) -> dict[str, object]:
 def write_busybox_layout(layout: Path, tag: str, marker: str) -> None:
     """An OCI layout with one image: a static busybox and a file holding
     `marker` (so two calls make two different images)."""
-    (layout / "blobs/sha256").mkdir(parents=True)
-    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as t:
         for d in ("bin", "etc"):
@@ -126,29 +124,32 @@ def write_busybox_layout(layout: Path, tag: str, marker: str) -> None:
         ti = tarfile.TarInfo("etc/marker")
         ti.size, ti.mode = len(data), 0o644
         t.addfile(ti, io.BytesIO(data))
-    tar = raw.getvalue()
+    write_layout(layout, raw.getvalue(), tag)
+
+
+def write_layout(layout: Path, tar: bytes, tag: str, history: str | None = None) -> None:
+    """An OCI layout at `layout` (made here) holding one linux/amd64 image
+    of one layer, the uncompressed `tar`, named `tag`; `history` gives its
+    config one history entry (buildah wants one per layer)."""
+    (layout / "blobs/sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     layer = _blob(layout, gzip.compress(tar, mtime=0))
-    config = _blob(
-        layout,
-        json.dumps(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-                "rootfs": {
-                    "type": "layers",
-                    "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"],
-                },
-            }
-        ).encode(),
-    )
+    config: dict[str, object] = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]},
+    }
+    if history is not None:
+        config["history"] = [{"created_by": history}]
+    config_blob = _blob(layout, json.dumps(config).encode())
     manifest = _blob(
         layout,
         json.dumps(
             {
                 "schemaVersion": 2,
                 "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_blob},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}],
             }
         ).encode(),

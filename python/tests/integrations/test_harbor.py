@@ -11,8 +11,6 @@ shim that runs busybox's sh (Harbor runs every command under `bash -c`),
 from __future__ import annotations
 
 import contextlib
-import gzip
-import hashlib
 import io
 import json
 import os
@@ -38,12 +36,6 @@ BASE = "harbor/base:1"
 # ---- the base image and the registry -------------------------------------------
 
 
-def _blob(layout: Path, data: bytes) -> dict[str, object]:
-    digest = hashlib.sha256(data).hexdigest()
-    (layout / "blobs/sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
 def _file(t: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
     ti = tarfile.TarInfo(name)
     ti.size, ti.mode = len(data), mode
@@ -52,8 +44,6 @@ def _file(t: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None
 
 def write_base_layout(layout: Path) -> None:
     """An OCI layout of the tasks' base image (see the module's docstring)."""
-    (layout / "blobs/sha256").mkdir(parents=True)
-    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     applets = subprocess.run(
         ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -73,50 +63,7 @@ def write_base_layout(layout: Path) -> None:
         _file(t, "bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n', 0o755)
         _file(t, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/tmp:/bin/sh\n")
         _file(t, "etc/group", b"root:x:0:\nagent:x:1000:\n")
-    tar = raw.getvalue()
-    layer = _blob(layout, gzip.compress(tar, mtime=0))
-    config = _blob(
-        layout,
-        json.dumps(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-                # podman's buildah wants one history entry per layer.
-                "history": [{"created_by": "tests/integrations/test_harbor.py"}],
-                "rootfs": {
-                    "type": "layers",
-                    "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"],
-                },
-            }
-        ).encode(),
-    )
-    manifest = _blob(
-        layout,
-        json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}],
-            }
-        ).encode(),
-    )
-    (layout / "index.json").write_text(
-        json.dumps(
-            {
-                "schemaVersion": 2,
-                "manifests": [
-                    {
-                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                        **manifest,
-                        "platform": {"architecture": "amd64", "os": "linux"},
-                        "annotations": {"org.opencontainers.image.ref.name": "1"},
-                    }
-                ],
-            }
-        )
-    )
+    reg.write_layout(layout, raw.getvalue(), "1", history="tests/integrations/test_harbor.py")
 
 
 @pytest.fixture(scope="module")
