@@ -1,11 +1,15 @@
 # The two entry points a newcomer needs (see README.md). Both run set-up first;
-# set-up is idempotent and caches CRIU, the build and the image.
-.PHONY: setup demo test lint
+# set-up is idempotent and caches CRIU, the build and the images. `make demo`
+# sets up only what the demo runs (docs/setup.md); `make test` the rest too.
+.PHONY: setup setup-demo demo test lint
 
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh all
 
-demo: setup
+setup-demo:
+	bash scripts/setup.sh demo
+
+demo: setup-demo
 	target/release/drums demo
 
 test: setup

@@ -2,7 +2,17 @@
 # Host set-up for drums, idempotent: every step checks whether its result is
 # already there and skips if so, so running it again costs seconds.
 #
-#   scripts/setup.sh          packages + venvs + CRIU 4.2.1 + CPython 3.13 + harbor + release build + images
+#   scripts/setup.sh demo     what `drums demo` needs: the packages drums builds
+#                             and runs with, CRIU 4.2.1, the four binaries the
+#                             demo runs (drums, drumsd, drums-init,
+#                             drums-guest), the default image (`make demo`)
+#   scripts/setup.sh [all]    that, and what the tests and benches need: their
+#                             packages, venvs, CPython 3.13 + harbor, every
+#                             binary, the desktop and agent images (`make test`)
+#
+# A newcomer's first command is `make demo`, so its part is kept lean (see
+# docs/setup.md); the rest comes with `make test`, or an image with
+# `scripts/setup.sh image desktop` when first wanted.
 #
 # It writes no registry host name anywhere: the Debian mirror is derived from the
 # machine's own apt sources.
@@ -12,6 +22,18 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 state=${DRUMS_STATE_DIR:-/var/lib/drums}
 cache=$state/cache
 criu_version=4.2.1
+level=${1:-all}
+want_image=
+case "$level" in
+  demo|all) ;;
+  image)
+    # One image, with the demo's part of set-up (drumsd, debootstrap) first.
+    case "${2:-}" in
+      default|desktop|agent) want_image=$2; level=demo ;;
+      *) echo "setup: usage: scripts/setup.sh image default|desktop|agent" >&2; exit 2 ;;
+    esac ;;
+  *) echo "setup: usage: scripts/setup.sh [demo|all|image default|desktop|agent]" >&2; exit 2 ;;
+esac
 
 log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 
@@ -21,11 +43,22 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # ---- Debian packages -------------------------------------------------------
+# What drums builds and runs with (the demo's part):
 # Runtime: btrfs-progs (mkfs of the store), debootstrap (images), nftables (CRIU's
 # network lock), iproute2 (debugging only; drums itself speaks netlink).
 # CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
 # eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
 # libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
+packages=(
+  btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
+  build-essential pkgconf git
+  libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev
+  libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
+  python3-protobuf
+  clang llvm libelf-dev zlib1g-dev bpftool
+  libseccomp-dev
+)
+# What only the tests and benches need:
 # Desktop tests on the host (the screen and OSWorld crates drive a real X
 # server): xvfb xdotool wmctrl x11-xserver-utils ffmpeg; python3-venv for the
 # OSWorld client's virtualenv. fonts-dejavu-core: the font `drums eval` draws
@@ -42,20 +75,15 @@ fi
 # CPython 3.13's build deps (Harbor's interpreter, below), for the modules it
 # needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev and
 # uuid-dev above: zlib, uuid).
-packages=(
-  btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
-  build-essential pkgconf git
-  libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev
-  libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
-  python3-protobuf
-  clang llvm libelf-dev zlib1g-dev bpftool
-  libseccomp-dev
-  xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
-  fonts-dejavu-core
-  docker-registry skopeo umoci podman runc buildah
-  busybox-static
-  libssl-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
-)
+if [ "$level" = all ]; then
+  packages+=(
+    xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
+    fonts-dejavu-core
+    docker-registry skopeo umoci podman runc buildah
+    busybox-static
+    libssl-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
+  )
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -64,6 +92,91 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- the Debian mirror, from the machine's own apt sources -----------------
+mirror_uri() {
+  # deb822 sources first (Debian 12's default), then one-line sources.
+  local u
+  u=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  if [ -z "$u" ]; then
+    u=$(grep -hE '^deb[[:space:]]' /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2; exit}' || true)
+  fi
+  [ -n "$u" ] || { echo "setup: no Debian mirror found in /etc/apt/sources.list*" >&2; exit 1; }
+  echo "${u%/}"
+}
+
+# ---- a deb-src entry for sid, for the source packages built below -----------
+# Source packages only (no binary from sid is ever installed). Called only
+# when a source tarball below is missing; then apt's lists are refreshed so
+# `apt-get source` sees sid.
+sid_src() {
+  local m
+  m=$(mirror_uri)
+  log "adding a deb-src entry for sid from $m (source packages only)"
+  cat > /etc/apt/sources.list.d/drums-sid-src.sources <<SRC
+Types: deb-src
+URIs: $m
+Suites: sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  apt-get update -qq
+}
+
+# ---- CRIU 4.2.1 from Debian's source package (sid) --------------------------
+# Bookworm's 3.17 fails on kernel 6.18 (SO_PASSCRED on listening sockets), and
+# sid's binary needs glibc 2.38, so build sid's orig tarball.
+have_criu() { command -v criu >/dev/null 2>&1 && criu --version 2>/dev/null | grep -q "Version: $criu_version"; }
+if ! have_criu; then
+  mkdir -p "$cache/criu"
+  tarball="$cache/criu/criu_${criu_version}.orig.tar.xz"
+  if [ ! -s "$tarball" ]; then
+    sid_src
+    # The packaging tarball of this version is missing on the mirror, so apt-get
+    # source exits non-zero after the orig tarball arrived; only that is needed.
+    (cd "$cache/criu" && apt-get source --download-only -qq "criu=${criu_version}-*" >/dev/null 2>&1 || true)
+    [ -s "$tarball" ] || (cd "$cache/criu" && apt-get source --download-only -qq criu >/dev/null 2>&1 || true)
+    [ -s "$tarball" ] || { echo "setup: could not download $tarball from the sid source package" >&2; exit 1; }
+  fi
+  log "building CRIU $criu_version (about 30 s)"
+  rm -rf "$cache/criu/build" && mkdir -p "$cache/criu/build"
+  tar -C "$cache/criu/build" --strip-components=1 -xf "$tarball"
+  make -C "$cache/criu/build" -j"$(nproc)" criu >"$cache/criu/build.log" 2>&1 \
+    || { tail -30 "$cache/criu/build.log" >&2; echo "setup: CRIU build failed, log: $cache/criu/build.log" >&2; exit 1; }
+  install -m 0755 "$cache/criu/build/criu/criu" /usr/local/sbin/criu
+  # Keep rpc.proto next to the binary's cache: the CRIU driver generates its
+  # message types from it at build time (never a committed copy).
+  install -D -m 0644 "$cache/criu/build/images/rpc.proto" /usr/local/share/criu/rpc.proto
+  hash -r
+fi
+have_criu || { echo "setup: criu --version does not report $criu_version" >&2; exit 1; }
+log "$(criu --version | head -1)"
+
+# ---- build drums -----------------------------------------------------------
+# The demo runs four binaries; the tests run every one (the benches, the
+# evaluation, drums-vmrun).
+if [ "$level" = all ]; then
+  log "building drums (release, every binary)"
+  (cd "$here" && cargo build --release --workspace --bins -q)
+else
+  log "building drums (release: drums, drumsd, drums-init, drums-guest)"
+  (cd "$here" && cargo build --release -q -p drums-cli -p drums-daemon -p drums-init -p drums-guest)
+fi
+
+# ---- the images ----------------------------------------------------------------
+image() {
+  log "building the $1 image ($2; cached after the first run)"
+  "$here/target/release/drumsd" --state-dir "$state" image build "$1" --mirror "$(mirror_uri)"
+}
+if [ -n "$want_image" ]; then
+  image "$want_image" debootstrap
+  exit 0
+fi
+image default debootstrap
+if [ "$level" = demo ]; then
+  log "ready for the demo (\`make test\` sets up the rest)"
+  exit 0
 fi
 
 # ---- no system registry ---------------------------------------------------------
@@ -160,65 +273,6 @@ if [ ! -e "$harness_marker" ]; then
   touch "$harness_marker"
 fi
 
-# ---- the Debian mirror, from the machine's own apt sources -----------------
-mirror_uri() {
-  # deb822 sources first (Debian 12's default), then one-line sources.
-  local u
-  u=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-  if [ -z "$u" ]; then
-    u=$(grep -hE '^deb[[:space:]]' /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2; exit}' || true)
-  fi
-  [ -n "$u" ] || { echo "setup: no Debian mirror found in /etc/apt/sources.list*" >&2; exit 1; }
-  echo "${u%/}"
-}
-
-# ---- a deb-src entry for sid, for the source packages built below -----------
-# Source packages only (no binary from sid is ever installed). Called only
-# when a source tarball below is missing; then apt's lists are refreshed so
-# `apt-get source` sees sid.
-sid_src() {
-  local m
-  m=$(mirror_uri)
-  log "adding a deb-src entry for sid from $m (source packages only)"
-  cat > /etc/apt/sources.list.d/drums-sid-src.sources <<SRC
-Types: deb-src
-URIs: $m
-Suites: sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  apt-get update -qq
-}
-
-# ---- CRIU 4.2.1 from Debian's source package (sid) --------------------------
-# Bookworm's 3.17 fails on kernel 6.18 (SO_PASSCRED on listening sockets), and
-# sid's binary needs glibc 2.38, so build sid's orig tarball.
-have_criu() { command -v criu >/dev/null 2>&1 && criu --version 2>/dev/null | grep -q "Version: $criu_version"; }
-if ! have_criu; then
-  mkdir -p "$cache/criu"
-  tarball="$cache/criu/criu_${criu_version}.orig.tar.xz"
-  if [ ! -s "$tarball" ]; then
-    sid_src
-    # The packaging tarball of this version is missing on the mirror, so apt-get
-    # source exits non-zero after the orig tarball arrived; only that is needed.
-    (cd "$cache/criu" && apt-get source --download-only -qq "criu=${criu_version}-*" >/dev/null 2>&1 || true)
-    [ -s "$tarball" ] || (cd "$cache/criu" && apt-get source --download-only -qq criu >/dev/null 2>&1 || true)
-    [ -s "$tarball" ] || { echo "setup: could not download $tarball from the sid source package" >&2; exit 1; }
-  fi
-  log "building CRIU $criu_version (about 30 s)"
-  rm -rf "$cache/criu/build" && mkdir -p "$cache/criu/build"
-  tar -C "$cache/criu/build" --strip-components=1 -xf "$tarball"
-  make -C "$cache/criu/build" -j"$(nproc)" criu >"$cache/criu/build.log" 2>&1 \
-    || { tail -30 "$cache/criu/build.log" >&2; echo "setup: CRIU build failed, log: $cache/criu/build.log" >&2; exit 1; }
-  install -m 0755 "$cache/criu/build/criu/criu" /usr/local/sbin/criu
-  # Keep rpc.proto next to the binary's cache: the CRIU driver generates its
-  # message types from it at build time (never a committed copy).
-  install -D -m 0644 "$cache/criu/build/images/rpc.proto" /usr/local/share/criu/rpc.proto
-  hash -r
-fi
-have_criu || { echo "setup: criu --version does not report $criu_version" >&2; exit 1; }
-log "$(criu --version | head -1)"
-
 # ---- CPython 3.13 from Debian's source package (sid), for Harbor -------------
 # Harbor (the Terminal-Bench 2 harness) needs Python >= 3.12 and Debian 12 has
 # 3.11, so build the orig tarball (upstream's release tarball, checked by apt
@@ -280,19 +334,10 @@ if [ ! -e "$harbor_marker" ]; then
   touch "$harbor_marker"
 fi
 
-# ---- build drums -----------------------------------------------------------
-log "building drums (release)"
-(cd "$here" && cargo build --release --workspace --bins -q)
-
 # ---- vmrun ---------------------------------------------------------------------
 # OSWorld's vmware provider runs `vmrun`; drums-vmrun answers as it.
 ln -sf "$here/target/release/drums-vmrun" /usr/local/bin/vmrun
 
-# ---- the images ----------------------------------------------------------------
-log "building the default image (debootstrap; cached after the first run)"
-"$here/target/release/drumsd" --state-dir "$state" image build default --mirror "$(mirror_uri)"
-log "building the desktop image (debootstrap + pip; cached after the first run)"
-"$here/target/release/drumsd" --state-dir "$state" image build desktop --mirror "$(mirror_uri)"
-log "building the agent image (debootstrap + the openai SDK; cached after the first run)"
-"$here/target/release/drumsd" --state-dir "$state" image build agent --mirror "$(mirror_uri)"
+image desktop "debootstrap + pip"
+image agent "debootstrap + the openai SDK"
 log "ready"

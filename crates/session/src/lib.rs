@@ -66,7 +66,7 @@ pub enum SessionError {
         waited_ms: u64,
         why: String,
     },
-    #[error("no image named {0:?} (see `drums images`; set-up builds \"default\")")]
+    #[error("no image named {0:?} (see `drums images`; `make demo` builds \"default\", `make test` or `scripts/setup.sh image NAME` the built-in \"desktop\" and \"agent\")")]
     ImageNotFound(String),
     #[error("a session named {0:?} already exists")]
     NameTaken(String),
