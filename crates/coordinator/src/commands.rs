@@ -12,7 +12,7 @@ use drums_catalog::CatalogError;
 use http_body_util::{BodyExt, Full};
 use tracing::{info, warn};
 
-use crate::Coordinator;
+use crate::{Coordinator, Sessions};
 
 /// A logged command to run again.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub struct Logged {
     pub request: String,
 }
 
-impl Coordinator {
+impl<S: Sessions> Coordinator<S> {
     /// Whether session `id`'s agent talks through the proxy: its commands
     /// are logged.
     pub fn coordinates(&self, id: &str) -> bool {
@@ -134,7 +134,7 @@ pub enum ReplayError {
     OutputOver { seq: u64, max: u64 },
 }
 
-impl Coordinator {
+impl<S: Sessions> Coordinator<S> {
     /// How many times session `id` has been recovered and had its commands
     /// run again by this drumsd: a waiting exec re-issues its command once
     /// this has moved.

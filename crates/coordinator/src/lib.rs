@@ -20,6 +20,7 @@ mod budget;
 pub mod commands;
 mod limits;
 mod replay;
+mod sessions;
 mod sse;
 mod turns;
 pub mod upstream;
@@ -44,6 +45,7 @@ use tracing::{debug, info, warn};
 
 pub use limits::{Backoff, Limits};
 pub use replay::JournalBudget;
+pub use sessions::{Sessions, StreamGuard};
 pub use turns::Boundary;
 pub use upstream::{Style, Upstreams};
 
@@ -100,8 +102,8 @@ pub enum Listener {
     Local,
 }
 
-pub struct Coordinator {
-    manager: Arc<Manager>,
+pub struct Coordinator<S: Sessions = Manager> {
+    manager: Arc<S>,
     upstreams: Upstreams,
     /// What each turn's end takes (drumsd's `--turn-policy`).
     policy: Policy,
@@ -282,16 +284,16 @@ struct Pending {
     started: Instant,
 }
 
-impl Coordinator {
+impl<S: Sessions> Coordinator<S> {
     /// `catalog` is the coordinator's own connection to drumsd's catalog,
     /// for its journal; `policy` is what each turn's end takes.
     pub fn new(
-        manager: Arc<Manager>,
+        manager: Arc<S>,
         upstreams: Upstreams,
         catalog: Arc<Catalog>,
         policy: Policy,
         limits: Limits,
-    ) -> std::io::Result<Arc<Coordinator>> {
+    ) -> std::io::Result<Arc<Coordinator<S>>> {
         match catalog.interrupt_running_commands() {
             Ok(0) => {}
             Ok(n) => warn!("{n} command(s) were running when the previous drumsd stopped: marked interrupted, not re-issued"),
@@ -824,9 +826,7 @@ impl Coordinator {
             let (Some(init), Some(from)) = (init, agent::v4(peer)) else {
                 return;
             };
-            let pids = drums_cgroup::Cgroup::open(&me.manager.config().cgroup_parent, &id)
-                .pids()
-                .unwrap_or_default();
+            let pids = me.manager.session_pids(&id).unwrap_or_default();
             let Some(found) = agent::holder(init, from, &pids) else {
                 // The host's own connection through the bridge, or one
                 // that closed already: no agent in the session.
@@ -1276,7 +1276,10 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// Begins the session's next turn on a blocking thread: a session's first
 /// begin loads its watch (tens of ms), and many sessions starting at once
 /// must not stall the runtime's workers, and every answer, behind them.
-async fn begin_turn(m: &Arc<Manager>, id: &str) -> Result<drums_api::TurnBegun, SessionError> {
+async fn begin_turn<S: Sessions>(
+    m: &Arc<S>,
+    id: &str,
+) -> Result<drums_api::TurnBegun, SessionError> {
     let (m, id) = (m.clone(), id.to_owned());
     tokio::task::spawn_blocking(move || m.turn_begin(&id))
         .await

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use drums_session::SessionError;
 use tracing::{info, warn};
 
-use crate::Coordinator;
+use crate::{Coordinator, Sessions};
 
 /// How often sessions are looked at.
 const EVERY: Duration = Duration::from_millis(100);
@@ -42,7 +42,7 @@ const LIST_EVERY: u64 = 10;
 /// into the same failure forever.
 const TRIES: u32 = 3;
 
-pub(crate) async fn run(c: Weak<Coordinator>) {
+pub(crate) async fn run<S: Sessions>(c: Weak<Coordinator<S>>) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Per session: OOM kills seen in its cgroup; (log length at the last
@@ -111,8 +111,7 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
                 drums_session::process::start_time(pid) == Some(start)
                     && drums_session::process::alive(pid)
             });
-            let cg = drums_cgroup::Cgroup::open(&c.manager.config().cgroup_parent, &id);
-            let killed = cg.oom_kills().unwrap_or(0);
+            let killed = c.manager.oom_kills(&id).unwrap_or(0);
             let seen = *ooms.entry(id.clone()).or_insert(killed);
             if init_runs && killed <= seen {
                 continue;
@@ -173,7 +172,7 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
                 .insert(id.clone());
             let (c, recovering) = (c.clone(), recovering.clone());
             tokio::spawn(async move {
-                recover(&c, &id, why, oom, cg).await;
+                recover(&c, &id, why, oom).await;
                 recovering
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -185,14 +184,15 @@ pub(crate) async fn run(c: Weak<Coordinator>) {
 
 /// Recover session `id` (after killing what is left of it, if the OOM
 /// killer killed in it), and have its commands run again.
-async fn recover(c: &Arc<Coordinator>, id: &str, why: &str, oom: bool, cg: drums_cgroup::Cgroup) {
+async fn recover<S: Sessions>(c: &Arc<Coordinator<S>>, id: &str, why: &str, oom: bool) {
     if oom {
         // What is left of it comes back whole from its version.
-        if let Err(e) = tokio::task::spawn_blocking(move || cg.kill_all())
+        let (m, sid) = (c.manager.clone(), id.to_owned());
+        if let Err(e) = tokio::task::spawn_blocking(move || m.kill_processes(&sid))
             .await
             .expect("no panic")
         {
-            warn!(session = %id, "watch: kill what is left of the session: {e}");
+            warn!(session = %id, "watch: kill what is left of the session: {}", drums_session::error_chain(&e));
             return;
         }
     }
@@ -202,7 +202,7 @@ async fn recover(c: &Arc<Coordinator>, id: &str, why: &str, oom: bool, cg: drums
             c.after_recovery(id);
         }
         // A rollback or another recovery got there first.
-        Err(SessionError::Conflict(m)) if !m.contains("no done version") => {}
+        Err(SessionError::Conflict(_)) => {}
         Err(e) => {
             warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e))
         }

@@ -76,6 +76,28 @@ impl Manager {
         })
     }
 
+    /// The host pids of session `id`'s processes (its cgroup's): where the
+    /// coordinator looks for the agent that holds a connection.
+    pub fn session_pids(&self, id: &str) -> Result<Vec<i32>, SessionError> {
+        Ok(self.cgroup(id).pids()?)
+    }
+
+    /// How many processes the OOM killer killed in session `id` (its
+    /// cgroup's count; `None` where the kernel keeps none).
+    pub fn oom_kills(&self, id: &str) -> Option<u64> {
+        self.cgroup(id).oom_kills()
+    }
+
+    /// Kill every process left of session `id`, so that a recovery brings
+    /// it back whole from its version (after the OOM killer killed in it).
+    pub fn kill_processes(&self, id: &str) -> Result<(), SessionError> {
+        Ok(self.cgroup(id).kill_all()?)
+    }
+
+    fn cgroup(&self, id: &str) -> drums_cgroup::Cgroup {
+        drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, id)
+    }
+
     /// The session's open turn, if one is.
     pub fn open_turn(&self, id_or_name: &str) -> Option<u64> {
         let rec = self.record(id_or_name).ok()?;

@@ -148,6 +148,15 @@ pub enum SessionError {
     Conflict(String),
     #[error("session {session} has no version {version:?}")]
     VersionNotFound { session: String, version: String },
+    /// A recovery or rollback asked for the newest done version, and the
+    /// session has none (yet): its own variant, so that a caller can tell it
+    /// from a conflict with a rollback or recovery under way.
+    #[error("session {session} has no done version {purpose}")]
+    NoDoneVersion {
+        session: String,
+        /// "to recover from", "yet".
+        purpose: &'static str,
+    },
     /// A version's job failed; every waiter of it gets the same error.
     #[error(transparent)]
     Version(std::sync::Arc<SessionError>),
@@ -219,7 +228,7 @@ impl SessionError {
                 ErrorKind::Internal
             }
             SessionError::Archive(_) => ErrorKind::BadRequest,
-            SessionError::Conflict(_) => ErrorKind::Conflict,
+            SessionError::Conflict(_) | SessionError::NoDoneVersion { .. } => ErrorKind::Conflict,
             SessionError::Oci(e) => match e {
                 drums_oci::StoreOpError::InUse { .. } => ErrorKind::Conflict,
                 drums_oci::StoreOpError::Ambiguous(..)

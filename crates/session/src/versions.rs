@@ -747,11 +747,9 @@ impl Manager {
                         None => !agent,
                     }
             })
-            .ok_or_else(|| {
-                SessionError::Conflict(format!(
-                    "session {} has no done version to recover from",
-                    rec.name
-                ))
+            .ok_or_else(|| SessionError::NoDoneVersion {
+                session: rec.name.clone(),
+                purpose: "to recover from",
             })?;
         self.restore_in_place(rec, &newest, InPlace::Recover).await
     }
@@ -912,10 +910,10 @@ impl Manager {
                 session: rec.name.clone(),
                 version: t.to_owned(),
             }),
-            (None, None) => Err(SessionError::Conflict(format!(
-                "session {} has no done version yet",
-                rec.name
-            ))),
+            (None, None) => Err(SessionError::NoDoneVersion {
+                session: rec.name.clone(),
+                purpose: "yet",
+            }),
             (Some(v), _) if v.state != "done" => Err(SessionError::Conflict(format!(
                 "version {} of session {} is {}, not done",
                 v.number.unwrap_or(0),
