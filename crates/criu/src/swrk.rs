@@ -103,6 +103,9 @@ impl Swrk {
             .map(|d| std::ffi::CString::new(d.as_os_str().as_encoded_bytes()))
             .transpose()
             .map_err(|_| rpc("run dir path has a NUL byte", Errno::EINVAL))?;
+        // These calls stay raw, outside drums_sys's `Syscall` seam: the seam
+        // builds its errors' strings, and a child forked from multithreaded
+        // drumsd may neither allocate nor take a lock before exec.
         // SAFETY: the closure runs in the forked child before exec and only
         // calls fcntl(2), unshare(2) and mount(2), which are async-signal-safe,
         // on strings built before the fork; it allocates nothing.

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::mount::{umount2, MntFlags};
+use drums_sys::{MntFlags, Syscall};
 
 use crate::error::IoContext;
 use crate::ImageError;
@@ -138,9 +138,10 @@ fn unescape_mountinfo(s: &str) -> String {
 /// the target while installing, and if it dies before unmounting them,
 /// deleting the tree would walk into (and fail on, or worse, delete from) the
 /// mounted filesystems. A missing tree is fine.
-pub(crate) fn remove_build_tree(path: &Path) -> Result<(), ImageError> {
+pub(crate) fn remove_build_tree(sys: &dyn Syscall, path: &Path) -> Result<(), ImageError> {
     for m in mounts_under(path)? {
-        umount2(&m, MntFlags::MNT_DETACH).map_err(|e| ImageError::io("unmount", &m, e.into()))?;
+        sys.umount2(&m, MntFlags::MNT_DETACH)
+            .map_err(|e| ImageError::io("unmount", &m, e.source.into()))?;
     }
     remove_tree(path)
 }

@@ -448,7 +448,7 @@ impl ImageStore {
             if is_build && is_dir {
                 let path = entry.path();
                 tracing::info!(path = %path.display(), "removing leftover build directory");
-                if let Err(e) = remove_build_tree(&path) {
+                if let Err(e) = remove_build_tree(&drums_sys::LinuxSyscall, &path) {
                     tracing::warn!(path = %path.display(), error = %e, "cannot remove leftover build directory");
                 }
             }
@@ -719,7 +719,7 @@ impl BuildDirGuard {
 impl Drop for BuildDirGuard {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
-            if let Err(e) = remove_build_tree(&path) {
+            if let Err(e) = remove_build_tree(&drums_sys::LinuxSyscall, &path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove failed build directory");
             }
         }

@@ -692,6 +692,34 @@ mod tests {
         fn mknod(&self, _: &Path, _: drums_sys::SFlag, _: Mode, _: u64) -> drums_sys::Result<()> {
             unreachable!()
         }
+        fn setns(
+            &self,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: drums_sys::CloneFlags,
+            _: &str,
+        ) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn open_tree(&self, _: &Path, _: u32) -> drums_sys::Result<OwnedFd> {
+            unreachable!()
+        }
+        fn mount_setattr(
+            &self,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: drums_sys::MountAttr<'_>,
+            _: &str,
+        ) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn move_mount(&self, _: std::os::fd::BorrowedFd<'_>, _: &Path) -> drums_sys::Result<()> {
+            unreachable!()
+        }
+        fn user_namespace(&self, _: &[drums_sys::Extent]) -> drums_sys::Result<OwnedFd> {
+            unreachable!()
+        }
+        fn write_id_maps(&self, _: i32, _: &[drums_sys::Extent]) -> drums_sys::Result<()> {
+            unreachable!()
+        }
     }
 
     /// A hostile root (no mount is made here, so the tmpfs of /dev and /run

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
+use drums_sys::{LinuxSyscall, MntFlags, MsFlags, Syscall};
+
 use crate::event::{decode, Event};
 use crate::InspectError;
 
@@ -65,7 +67,7 @@ impl Programs {
             ("tracefs", TRACEFS, TRACEFS_MAGIC),
             ("bpf", BPFFS, BPF_FS_MAGIC),
         ] {
-            if mount_if_absent(fs, Path::new(at), magic)? {
+            if mount_if_absent(&LinuxSyscall, fs, Path::new(at), magic)? {
                 mounted.push(PathBuf::from(at));
             }
         }
@@ -82,7 +84,7 @@ impl Programs {
                 // SAFETY: nothing borrows the storage any more: open() failed
                 // and dropped whatever it had built on it.
                 drop(unsafe { Box::from_raw(storage) });
-                unmount_all(&mounted);
+                unmount_all(&LinuxSyscall, &mounted);
                 Err(e)
             }
         }
@@ -248,7 +250,7 @@ impl Drop for Programs {
             ManuallyDrop::drop(&mut self.skel);
             drop(Box::from_raw(self.storage));
         }
-        unmount_all(&self.mounted);
+        unmount_all(&LinuxSyscall, &self.mounted);
     }
 }
 
@@ -268,21 +270,24 @@ fn session_val(epoch: u64, resuming: bool) -> Vec<u8> {
     .to_vec()
 }
 
-fn mount_if_absent(fs: &str, at: &Path, magic: i64) -> Result<bool, InspectError> {
+fn mount_if_absent(
+    sys: &dyn Syscall,
+    fs: &str,
+    at: &Path,
+    magic: i64,
+) -> Result<bool, InspectError> {
     let is = nix::sys::statfs::statfs(at)
         .map(|s| s.filesystem_type().0 == magic)
         .unwrap_or(false);
     if is {
         return Ok(false);
     }
-    nix::mount::mount(
+    sys.mount(
         Some(fs),
         at,
         Some(fs),
-        nix::mount::MsFlags::MS_NOSUID
-            | nix::mount::MsFlags::MS_NODEV
-            | nix::mount::MsFlags::MS_NOEXEC,
-        None::<&str>,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
     )
     .map_err(|e| InspectError::Io {
         op: if fs == "bpf" {
@@ -290,16 +295,16 @@ fn mount_if_absent(fs: &str, at: &Path, magic: i64) -> Result<bool, InspectError
         } else {
             "mount tracefs"
         },
-        source: e.into(),
+        source: e.source.into(),
     })?;
     Ok(true)
 }
 
 /// Unmount what load() mounted, so a daemon leaves the host as it found it.
-fn unmount_all(mounted: &[PathBuf]) {
+fn unmount_all(sys: &dyn Syscall, mounted: &[PathBuf]) {
     for m in mounted.iter().rev() {
-        if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
-            tracing::warn!("unmount {}: {e}", m.display());
+        if let Err(e) = sys.umount2(m, MntFlags::MNT_DETACH) {
+            tracing::warn!("unmount {}: {}", m.display(), e.source);
         }
     }
 }
@@ -320,4 +325,68 @@ pub fn wait(fd: RawFd, wake: RawFd, timeout_ms: i32) {
     ];
     // SAFETY: fds is a valid array of two pollfd for the call's duration.
     unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+}
+
+#[cfg(test)]
+mod mount_tests {
+    use super::*;
+    use drums_sys::{Call, RecordingSyscall};
+
+    #[test]
+    fn a_missing_fs_is_mounted_nosuid_nodev_noexec() {
+        // A temporary directory is no bpffs.
+        let at = tempfile::tempdir().unwrap();
+        let sys = RecordingSyscall::new();
+        assert!(mount_if_absent(&sys, "bpf", at.path(), BPF_FS_MAGIC).unwrap());
+        assert_eq!(
+            sys.calls(),
+            [Call::Mount {
+                source: Some("bpf".into()),
+                target: at.path().to_owned(),
+                fstype: Some("bpf".into()),
+                flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                data: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_present_fs_is_left_alone() {
+        let at = tempfile::tempdir().unwrap();
+        let magic = nix::sys::statfs::statfs(at.path())
+            .unwrap()
+            .filesystem_type()
+            .0;
+        let sys = RecordingSyscall::new();
+        assert!(!mount_if_absent(&sys, "tracefs", at.path(), magic).unwrap());
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn a_failed_mount_names_the_fs_and_keeps_the_errno() {
+        let at = tempfile::tempdir().unwrap();
+        let sys = RecordingSyscall::new();
+        sys.fail("mount", nix::Error::EPERM);
+        let e = mount_if_absent(&sys, "tracefs", at.path(), TRACEFS_MAGIC).unwrap_err();
+        assert!(
+            matches!(&e, InspectError::Io { op: "mount tracefs", source }
+                if source.raw_os_error() == Some(libc::EPERM)),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn unmount_all_detaches_newest_first_and_goes_on_after_a_failure() {
+        let sys = RecordingSyscall::new();
+        sys.fail_nth("umount", 1, nix::Error::EBUSY);
+        unmount_all(&sys, &[PathBuf::from("/t"), PathBuf::from("/b")]);
+        assert_eq!(sys.attempts("umount"), 2);
+        assert_eq!(
+            sys.calls(),
+            [Call::Umount {
+                target: "/t".into(),
+                flags: MntFlags::MNT_DETACH,
+            }]
+        );
+    }
 }

@@ -11,9 +11,10 @@
 
 use std::fs::File;
 use std::future::Future;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
-use nix::sched::{setns, CloneFlags};
+use drums_sys::{CloneFlags, LinuxSyscall, Syscall};
 use tokio::sync::oneshot;
 
 use crate::error::NetError;
@@ -66,20 +67,28 @@ where
         .name(format!("drums-netns-{pid}"))
         .spawn(move || {
             // If the caller stopped waiting, nobody wants the result.
-            let _ = tx.send(worker(ns, f));
+            let _ = tx.send(worker(&LinuxSyscall, ns, f));
         })
         .map_err(|source| NetError::Worker { pid, source })?;
     // A dropped sender means the worker panicked before sending.
     rx.await.map_err(|_| NetError::WorkerDied { pid })?
 }
 
-fn worker<F, Fut, T>(ns: NetnsFile, f: F) -> Result<T, NetError>
+fn worker<F, Fut, T>(sys: &dyn Syscall, ns: NetnsFile, f: F) -> Result<T, NetError>
 where
     F: FnOnce(rtnetlink::Handle) -> Fut,
     Fut: Future<Output = Result<T, NetError>>,
 {
     let pid = ns.pid;
-    setns(&ns.file, CloneFlags::CLONE_NEWNET).map_err(|source| NetError::Setns { pid, source })?;
+    sys.setns(
+        ns.file.as_fd(),
+        CloneFlags::CLONE_NEWNET,
+        &format!("/proc/{pid}/ns/net"),
+    )
+    .map_err(|e| NetError::Setns {
+        pid,
+        source: e.source,
+    })?;
     // The thread itself now holds the namespace; the file is not needed.
     drop(ns);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -95,4 +104,54 @@ where
         conn.abort();
         result
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drums_sys::{Call, RecordingSyscall};
+    use std::os::fd::AsRawFd;
+
+    fn ns() -> NetnsFile {
+        NetnsFile {
+            pid: 4242,
+            file: File::open("/dev/null").unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_worker_joins_the_network_namespace_of_its_file() {
+        let sys = RecordingSyscall::new();
+        let ns = ns();
+        let fd = ns.file.as_raw_fd();
+        // The recording joins nothing: the handle is this thread's own.
+        worker(&sys, ns, |_| async { Ok(()) }).unwrap();
+        assert_eq!(
+            sys.calls(),
+            [Call::Setns {
+                ns: fd,
+                nstype: CloneFlags::CLONE_NEWNET,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_failed_setns_names_the_pid_and_runs_nothing() {
+        let sys = RecordingSyscall::new();
+        sys.fail("setns", nix::Error::EPERM);
+        let e = worker::<_, _, ()>(&sys, ns(), |_| async {
+            panic!("ran outside the session's namespace")
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NetError::Setns {
+                    pid: 4242,
+                    source: nix::Error::EPERM
+                }
+            ),
+            "{e:?}"
+        );
+    }
 }

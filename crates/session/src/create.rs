@@ -153,7 +153,8 @@ impl Manager {
         let root = dir.join("root");
         record(ResourceKind::Mount, &root.display().to_string())?;
         let (r, l, s, base) = (root.clone(), lower.to_owned(), sv.clone(), rec.id_base);
-        tokio::task::spawn_blocking(move || crate::ids::mount_root(&r, &l, &s, base))
+        let sys = self.sys.clone();
+        tokio::task::spawn_blocking(move || crate::ids::mount_root(&*sys, &r, &l, &s, base))
             .await
             .expect("no panic")?;
 
@@ -180,8 +181,13 @@ impl Manager {
             fault: self.faults.for_init(),
         };
         self.faults.check("create.spawn")?;
-        let (mut init, pid) =
-            InitPipe::spawn(&self.bin_dir.join("drums-init"), &cfg, rec.id_base).await?;
+        let (mut init, pid) = InitPipe::spawn(
+            &*self.sys,
+            &self.bin_dir.join("drums-init"),
+            &cfg,
+            rec.id_base,
+        )
+        .await?;
         // The cgroup already holds the process; this row is for reaping it.
         if let Some(key) = process::ledger_key(pid) {
             record(ResourceKind::Process, &key)?;
@@ -338,6 +344,7 @@ impl InitPipe {
     /// Start stage 0 with `cfg`; with an id range (`base`), write the maps of
     /// its new user namespace when it asks.
     async fn spawn(
+        sys: &(dyn drums_sys::Syscall + Send + Sync),
         bin: &Path,
         cfg: &InitConfig,
         base: Option<u32>,
@@ -368,7 +375,7 @@ impl InitPipe {
         pipe.send(&line).await?;
         let mut report = pipe.next().await?;
         if let (Report::MapIds, Some(base)) = (&report, base) {
-            drums_sys::idmap::write_id_maps(stage0, &crate::ids::session_map(base))?;
+            sys.write_id_maps(stage0, &crate::ids::session_map(base))?;
             pipe.send("mapped\n").await?;
             report = pipe.next().await?;
         }

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use drums_catalog::IdPool;
 use drums_sys::idmap::{self, Extent};
+use drums_sys::{MsFlags, Syscall};
 
 use crate::SessionError;
 
@@ -67,23 +68,24 @@ pub fn store_map(base: u32) -> [Extent; 2] {
 /// overlay. The layers are detached mounts that only the overlay holds, so
 /// unmounting `root` leaves nothing.
 pub fn mount_root(
+    sys: &dyn Syscall,
     root: &Path,
     lower: &Path,
     sv: &Path,
     base: Option<u32>,
 ) -> Result<(), SessionError> {
     let mount = |data: String| {
-        nix::mount::mount(
+        sys.mount(
             Some("overlay"),
             root,
             Some("overlay"),
-            nix::mount::MsFlags::empty(),
+            MsFlags::empty(),
             Some(data.as_str()),
         )
         .map_err(|e| SessionError::Io {
             op: "mount overlay",
             path: root.to_owned(),
-            source: e.into(),
+            source: e.source.into(),
         })
     };
     // xino=on: the image and the store are different file systems, and
@@ -100,10 +102,10 @@ pub fn mount_root(
             sv.join("work").display()
         ));
     };
-    let session_ns = idmap::user_namespace(&session_map(base))?;
-    let store_ns = idmap::user_namespace(&store_map(base))?;
-    let image = idmap::idmapped_tree(lower, session_ns.as_fd(), true)?;
-    let store = idmap::idmapped_tree(sv, store_ns.as_fd(), false)?;
+    let session_ns = sys.user_namespace(&session_map(base))?;
+    let store_ns = sys.user_namespace(&store_map(base))?;
+    let image = idmap::idmapped_tree_with(sys, lower, session_ns.as_fd(), true)?;
+    let store = idmap::idmapped_tree_with(sys, sv, store_ns.as_fd(), false)?;
     let store_path = idmap::fd_path(store.as_fd());
     mount(format!(
         "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work,xino=on",
@@ -120,4 +122,141 @@ pub fn own_upper(upper: &Path, base: Option<u32>) -> Result<(), SessionError> {
         path: upper.to_owned(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drums_sys::idmap::{OPEN_TREE_CLOEXEC, OPEN_TREE_CLONE};
+    use drums_sys::{Call, RecordingSyscall};
+
+    fn mount_at(sys: &RecordingSyscall, base: Option<u32>) -> Result<(), SessionError> {
+        mount_root(
+            sys,
+            Path::new("/s/root"),
+            Path::new("/img/rootfs"),
+            Path::new("/store/sessions/a"),
+            base,
+        )
+    }
+
+    #[test]
+    fn a_privileged_root_is_a_plain_overlay() {
+        let sys = RecordingSyscall::new();
+        mount_at(&sys, None).unwrap();
+        assert_eq!(
+            sys.calls(),
+            [Call::Mount {
+                source: Some("overlay".into()),
+                target: "/s/root".into(),
+                fstype: Some("overlay".into()),
+                flags: MsFlags::empty(),
+                data: Some(
+                    "lowerdir=/img/rootfs,upperdir=/store/sessions/a/upper,\
+                     workdir=/store/sessions/a/work,xino=on"
+                        .into()
+                ),
+            }]
+        );
+    }
+
+    /// Two id maps, the image cloned and idmapped read-only with the
+    /// session's map, the subvolume cloned and idmapped writable with the
+    /// store's map, and only then the overlay, of the two detached trees.
+    #[test]
+    fn an_unprivileged_root_is_an_overlay_of_idmapped_trees() {
+        let sys = RecordingSyscall::new();
+        let base = POOL.first;
+        mount_at(&sys, Some(base)).unwrap();
+        let calls = sys.calls();
+        let fd = |i: usize| match &calls[i] {
+            Call::UserNamespace { fd, .. } | Call::OpenTree { fd, .. } => *fd,
+            other => panic!("call {i} is {other:?}"),
+        };
+        let (session_ns, store_ns, image, store) = (fd(0), fd(1), fd(2), fd(4));
+        assert_eq!(
+            calls,
+            [
+                Call::UserNamespace {
+                    map: session_map(base).to_vec(),
+                    fd: session_ns,
+                },
+                Call::UserNamespace {
+                    map: store_map(base).to_vec(),
+                    fd: store_ns,
+                },
+                Call::OpenTree {
+                    path: "/img/rootfs".into(),
+                    flags: OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+                    fd: image,
+                },
+                Call::MountSetattr {
+                    tree: image,
+                    idmap: Some(session_ns),
+                    read_only: true,
+                },
+                Call::OpenTree {
+                    path: "/store/sessions/a".into(),
+                    flags: OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+                    fd: store,
+                },
+                Call::MountSetattr {
+                    tree: store,
+                    idmap: Some(store_ns),
+                    read_only: false,
+                },
+                Call::Mount {
+                    source: Some("overlay".into()),
+                    target: "/s/root".into(),
+                    fstype: Some("overlay".into()),
+                    flags: MsFlags::empty(),
+                    data: Some(format!(
+                        "lowerdir=/proc/self/fd/{image},upperdir=/proc/self/fd/{store}/upper,\
+                         workdir=/proc/self/fd/{store}/work,xino=on"
+                    )),
+                },
+            ]
+        );
+    }
+
+    /// A failure at each step is an error naming that step, and no later
+    /// call is made (the detached trees and namespaces made so far close
+    /// with their descriptors).
+    #[test]
+    fn a_failure_at_each_step_stops_there_and_names_it() {
+        let steps: [(&str, usize, usize, &str); 7] = [
+            ("user_namespace", 1, 0, "user_namespace CLONE_NEWUSER"),
+            ("user_namespace", 2, 1, "user_namespace CLONE_NEWUSER"),
+            ("open_tree", 1, 2, "open_tree /img/rootfs"),
+            ("mount_setattr", 1, 3, "mount_setattr idmap /img/rootfs"),
+            ("open_tree", 2, 4, "open_tree /store/sessions/a"),
+            (
+                "mount_setattr",
+                2,
+                5,
+                "mount_setattr idmap /store/sessions/a",
+            ),
+            ("mount", 1, 6, "mount overlay /s/root"),
+        ];
+        for (op, nth, made, message) in steps {
+            let sys = RecordingSyscall::new();
+            sys.fail_nth(op, nth, nix::Error::EPERM);
+            let e = mount_at(&sys, Some(POOL.first)).unwrap_err();
+            let text = match &e {
+                SessionError::Ids(e) => format!("{} {}", e.op, e.target),
+                other => other.to_string(),
+            };
+            assert_eq!(text, message, "{op} #{nth}");
+            let source = std::error::Error::source(&e).expect("a source");
+            assert!(
+                source.to_string().contains("Operation not permitted"),
+                "{op} #{nth}: {source}"
+            );
+            assert_eq!(
+                sys.calls().len(),
+                made,
+                "{op} #{nth}: calls after the failure"
+            );
+        }
+    }
 }

@@ -11,6 +11,7 @@ use drums_catalog::{Catalog, IpPool, ResourceKind, SessionRecord};
 use drums_image::ImageStore;
 use drums_net::Net;
 use drums_store::Store;
+use drums_sys::{LinuxSyscall, MsFlags, Syscall};
 use tracing::{info, warn};
 
 use crate::faults::Faults;
@@ -73,6 +74,9 @@ pub struct ManagerConfig {
 
 pub struct Manager {
     pub(crate) cfg: ManagerConfig,
+    /// The seam for mounts, namespaces and id maps: [`LinuxSyscall`] here,
+    /// a recording in unit tests.
+    pub(crate) sys: std::sync::Arc<dyn Syscall + Send + Sync>,
     pub(crate) catalog: std::sync::Arc<Catalog>,
     pub(crate) store_root: PathBuf,
     /// Kept open for the daemon's life; its mount is in the ledger too.
@@ -145,6 +149,32 @@ pub(crate) struct Found {
     dead: Vec<SessionRecord>,
 }
 
+/// Mount CRIU's /run, a tmpfs, at `at`, or remount the one an older daemon
+/// left there (`is_tmpfs`) with today's flags.
+fn mount_criu_run(sys: &dyn Syscall, at: &Path, is_tmpfs: bool) -> Result<(), SessionError> {
+    // Not noexec: swrk maps drums' prlimit shim from it (see
+    // drums_criu::Criu::with_run_dir). Root-only (0700), as it holds
+    // code root runs. A tmpfs left by an older daemon is remounted with
+    // these flags.
+    let remount = if is_tmpfs {
+        MsFlags::MS_REMOUNT
+    } else {
+        MsFlags::empty()
+    };
+    sys.mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        remount | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("size=16m,mode=0700"),
+    )
+    .map_err(|e| SessionError::Io {
+        op: "mount tmpfs",
+        path: at.to_owned(),
+        source: e.source.into(),
+    })
+}
+
 /// The disk quota a session gets when neither its request nor drumsd's config
 /// names one: room for a desktop's browser profile and caches, an apt or pip
 /// install or two, and a build tree.
@@ -158,6 +188,7 @@ pub const MIN_STORE_RESERVE: u64 = 256 << 20;
 impl Manager {
     /// Open everything, sweep what a previous daemon left, and make the bridge.
     pub async fn start(cfg: ManagerConfig) -> Result<Manager, SessionError> {
+        let sys: std::sync::Arc<dyn Syscall + Send + Sync> = std::sync::Arc::new(LinuxSyscall);
         let state = &cfg.state_dir;
         std::fs::create_dir_all(state.join("sessions"))
             .map_err(io("create", state.join("sessions")))?;
@@ -173,8 +204,8 @@ impl Manager {
             ResourceKind::Mount,
             &store_mount.display().to_string(),
         )?;
-        let (state2, size) = (state.clone(), cfg.store_size);
-        let store = tokio::task::spawn_blocking(move || Store::open(&state2, size))
+        let (state2, size, sys2) = (state.clone(), cfg.store_size, sys.clone());
+        let store = tokio::task::spawn_blocking(move || Store::open_with(&*sys2, &state2, size))
             .await
             .expect("store open does not panic")?;
         let store_root = store.root().to_path_buf();
@@ -201,30 +232,7 @@ impl Manager {
         let is_tmpfs = nix::sys::statfs::statfs(&criu_run)
             .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
             .unwrap_or(false);
-        {
-            use nix::mount::MsFlags;
-            // Not noexec: swrk maps drums' prlimit shim from it (see
-            // drums_criu::Criu::with_run_dir). Root-only (0700), as it holds
-            // code root runs. A tmpfs left by an older daemon is remounted with
-            // these flags.
-            let remount = if is_tmpfs {
-                MsFlags::MS_REMOUNT
-            } else {
-                MsFlags::empty()
-            };
-            nix::mount::mount(
-                Some("tmpfs"),
-                &criu_run,
-                Some("tmpfs"),
-                remount | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some("size=16m,mode=0700"),
-            )
-            .map_err(|e| SessionError::Io {
-                op: "mount tmpfs",
-                path: criu_run.clone(),
-                source: e.into(),
-            })?;
-        }
+        mount_criu_run(&*sys, &criu_run, is_tmpfs)?;
         let criu = drums_criu::Criu::new()?.with_run_dir(&criu_run)?;
         let criu_version = criu.version()?;
         std::fs::create_dir_all(state.join("checkpoints"))
@@ -234,6 +242,7 @@ impl Manager {
         let cfg_parent = cfg.cgroup_parent.clone();
         let turn_versions = crate::budget::Budget::per_minute(cfg.turn_versions_per_minute);
         let m = Manager {
+            sys,
             images: ImageStore::new(cfg.images_dir.clone()),
             oci,
             cfg,
@@ -380,7 +389,7 @@ impl Manager {
         id: &str,
         root: &std::path::Path,
     ) -> Result<(), SessionError> {
-        let _ = nix::mount::umount2(root, nix::mount::MntFlags::MNT_DETACH);
+        let _ = self.sys.umount2(root, drums_sys::MntFlags::MNT_DETACH);
         if let Some(r) = self
             .catalog
             .owned_by(id)?
@@ -950,4 +959,41 @@ fn install_binaries(src: &Path, dst: &Path) -> Result<(), SessionError> {
     }
     drums_init::loader::install(src, dst)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drums_sys::{Call, RecordingSyscall};
+
+    #[test]
+    fn criu_run_is_a_private_tmpfs_and_an_old_one_is_remounted() {
+        for (is_tmpfs, extra) in [(false, MsFlags::empty()), (true, MsFlags::MS_REMOUNT)] {
+            let sys = RecordingSyscall::new();
+            mount_criu_run(&sys, Path::new("/s/criu-run"), is_tmpfs).unwrap();
+            assert_eq!(
+                sys.calls(),
+                [Call::Mount {
+                    source: Some("tmpfs".into()),
+                    target: "/s/criu-run".into(),
+                    fstype: Some("tmpfs".into()),
+                    flags: extra | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    data: Some("size=16m,mode=0700".into()),
+                }]
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_criu_run_mount_names_it_and_keeps_the_errno() {
+        let sys = RecordingSyscall::new();
+        sys.fail("mount", nix::Error::EPERM);
+        let e = mount_criu_run(&sys, Path::new("/s/criu-run"), false).unwrap_err();
+        assert_eq!(e.to_string(), "mount tmpfs /s/criu-run");
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(
+            source.to_string().contains("Operation not permitted"),
+            "{source}"
+        );
+    }
 }

@@ -267,7 +267,8 @@ impl Manager {
         self.faults.check("restore.mount")?;
         record(ResourceKind::Mount, &root.display().to_string())?;
         let (r, l, s, base) = (root.clone(), lower.to_owned(), sv.clone(), rec.id_base);
-        tokio::task::spawn_blocking(move || crate::ids::mount_root(&r, &l, &s, base))
+        let sys = self.sys.clone();
+        tokio::task::spawn_blocking(move || crate::ids::mount_root(&*sys, &r, &l, &s, base))
             .await
             .expect("no panic")?;
 

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use drums_catalog::{Resource, ResourceKind};
+use drums_sys::{MntFlags, Syscall};
 
 use crate::manager::Manager;
 use crate::{error_chain, process, SessionError};
@@ -94,7 +95,10 @@ async fn remove_resource(m: &Manager, r: &Resource, keep_port: bool) -> Result<(
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("remove: {e}")),
             _ => Ok(()),
         },
-        ResourceKind::Mount => blocking(move || unmount(Path::new(&key))).await,
+        ResourceKind::Mount => {
+            let sys = m.sys.clone();
+            blocking(move || unmount(&*sys, Path::new(&key))).await
+        }
         ResourceKind::NftTable => {
             blocking(move || {
                 drums_net::firewall::remove(&key)
@@ -106,15 +110,72 @@ async fn remove_resource(m: &Manager, r: &Resource, keep_port: bool) -> Result<(
     }
 }
 
-fn unmount(path: &Path) -> Result<(), String> {
-    use nix::mount::{umount2, MntFlags};
-    match umount2(path, MntFlags::empty()) {
+fn unmount(sys: &dyn Syscall, path: &Path) -> Result<(), String> {
+    match sys.umount2(path, MntFlags::empty()).map_err(|e| e.source) {
         // EINVAL: not a mount point (already unmounted); ENOENT: gone.
         Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
         // Something still holds it: detach, so it goes when the last user does.
-        Err(nix::Error::EBUSY) => {
-            umount2(path, MntFlags::MNT_DETACH).map_err(|e| format!("umount -l: {e}"))
-        }
+        Err(nix::Error::EBUSY) => sys
+            .umount2(path, MntFlags::MNT_DETACH)
+            .map_err(|e| format!("umount -l: {}", e.source)),
         Err(e) => Err(format!("umount: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drums_sys::{Call, RecordingSyscall};
+
+    fn umount(flags: MntFlags) -> Call {
+        Call::Umount {
+            target: "/s/root".into(),
+            flags,
+        }
+    }
+
+    #[test]
+    fn a_mount_is_unmounted_once_and_not_detached() {
+        let sys = RecordingSyscall::new();
+        unmount(&sys, Path::new("/s/root")).unwrap();
+        assert_eq!(sys.calls(), [umount(MntFlags::empty())]);
+    }
+
+    #[test]
+    fn a_mount_already_gone_counts_as_removed() {
+        for errno in [nix::Error::EINVAL, nix::Error::ENOENT] {
+            let sys = RecordingSyscall::new();
+            sys.fail("umount", errno);
+            unmount(&sys, Path::new("/s/root")).unwrap();
+            assert_eq!(sys.attempts("umount"), 1, "{errno}: no detach");
+        }
+    }
+
+    #[test]
+    fn a_busy_mount_is_detached() {
+        let sys = RecordingSyscall::new();
+        sys.fail_nth("umount", 1, nix::Error::EBUSY);
+        unmount(&sys, Path::new("/s/root")).unwrap();
+        assert_eq!(sys.calls(), [umount(MntFlags::MNT_DETACH)]);
+    }
+
+    #[test]
+    fn failures_name_the_unmount_and_keep_the_errno() {
+        let sys = RecordingSyscall::new();
+        sys.fail("umount", nix::Error::EPERM);
+        assert_eq!(
+            unmount(&sys, Path::new("/s/root")).unwrap_err(),
+            "umount: EPERM: Operation not permitted"
+        );
+        assert_eq!(sys.attempts("umount"), 1, "no detach after EPERM");
+
+        let sys = RecordingSyscall::new();
+        sys.fail_nth("umount", 1, nix::Error::EBUSY);
+        sys.fail_nth("umount", 2, nix::Error::EPERM);
+        assert_eq!(
+            unmount(&sys, Path::new("/s/root")).unwrap_err(),
+            "umount -l: EPERM: Operation not permitted"
+        );
+        assert_eq!(sys.attempts("umount"), 2);
     }
 }

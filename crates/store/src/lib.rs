@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use drums_sys::{LinuxSyscall, MntFlags, MsFlags, Syscall};
 use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
 use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
 
 pub use btrfs::{
@@ -163,6 +163,15 @@ impl Store {
     /// mounted at `state_dir/store`. A btrfs mount already at `state_dir/store`, left
     /// by a daemon that crashed, is reused as it is.
     pub fn open(state_dir: &Path, size_bytes: u64) -> Result<Store, StoreError> {
+        Self::open_with(&LinuxSyscall, state_dir, size_bytes)
+    }
+
+    /// [`Store::open`], mounting through `sys`.
+    pub fn open_with(
+        sys: &dyn Syscall,
+        state_dir: &Path,
+        size_bytes: u64,
+    ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(state_dir).map_err(|source| StoreError::CreateDir {
             path: state_dir.into(),
             source,
@@ -204,22 +213,7 @@ impl Store {
         // autoclear, closing the last reference detaches it. If the mount fails,
         // dropping the fd detaches it, which is the clean-up we want.
         let (device, device_fd) = loopdev::attach(&image)?;
-        nix::mount::mount(
-            Some(&device),
-            &root,
-            Some("btrfs"),
-            // Without noatime every read would dirty metadata and so unshare it
-            // from the snapshots that checkpoints take. nosuid and nodev: the
-            // store holds what sessions wrote, and no setuid file or device
-            // node a session made may work for anyone on the host.
-            MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            None::<&str>,
-        )
-        .map_err(|errno| StoreError::Mount {
-            device: device.clone(),
-            path: root.clone(),
-            source: errno.into(),
-        })?;
+        mount_image(sys, &device, &root)?;
         drop(device_fd);
         tracing::info!(root = %root.display(), device = %device.display(), image = %image.display(), "mounted store");
         Ok(Store {
@@ -240,10 +234,15 @@ impl Store {
     /// Unmount a loop-backed store; the loop device then detaches itself. Nothing to
     /// do for a native one.
     pub fn close(self) -> Result<(), StoreError> {
+        self.close_with(&LinuxSyscall)
+    }
+
+    /// [`Store::close`], unmounting through `sys`.
+    pub fn close_with(self, sys: &dyn Syscall) -> Result<(), StoreError> {
         let Backing::Loop { image, device } = &self.backing else {
             return Ok(());
         };
-        unmount(&self.root)?;
+        unmount(sys, &self.root)?;
         // Autoclear runs when the filesystem lets go of the device, normally during
         // the unmount. Waiting a moment for it makes "closed" mean "device gone",
         // which callers (and tests) can rely on. If another mount namespace still has
@@ -379,12 +378,32 @@ fn mkfs_btrfs() -> PathBuf {
     PathBuf::from("mkfs.btrfs")
 }
 
-fn unmount(root: &Path) -> Result<(), StoreError> {
+/// Mount the btrfs image attached at `device` on `root`.
+fn mount_image(sys: &dyn Syscall, device: &Path, root: &Path) -> Result<(), StoreError> {
+    sys.mount(
+        Some(&device.to_string_lossy()),
+        root,
+        Some("btrfs"),
+        // Without noatime every read would dirty metadata and so unshare it
+        // from the snapshots that checkpoints take. nosuid and nodev: the
+        // store holds what sessions wrote, and no setuid file or device
+        // node a session made may work for anyone on the host.
+        MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )
+    .map_err(|e| StoreError::Mount {
+        device: device.to_owned(),
+        path: root.to_owned(),
+        source: e.source.into(),
+    })
+}
+
+fn unmount(sys: &dyn Syscall, root: &Path) -> Result<(), StoreError> {
     // A process that just left the store (a session's last file handle, a shell
     // whose cwd was there) can make it busy for a moment.
     const ATTEMPTS: u32 = 10;
     for attempt in 1..=ATTEMPTS {
-        match nix::mount::umount2(root, MntFlags::empty()) {
+        match sys.umount2(root, MntFlags::empty()).map_err(|e| e.source) {
             Ok(()) => return Ok(()),
             // Not a mount point (any more): already unmounted, which is the goal.
             Err(Errno::EINVAL) => {
@@ -425,6 +444,108 @@ mod tests {
             image
         ));
         assert!(!same_file_name(Path::new("/other.img"), image));
+    }
+
+    use drums_sys::{Call, RecordingSyscall};
+
+    #[test]
+    fn the_image_is_mounted_btrfs_noatime_nosuid_nodev() {
+        let sys = RecordingSyscall::new();
+        mount_image(&sys, Path::new("/dev/loop7"), Path::new("/s/store")).unwrap();
+        assert_eq!(
+            sys.calls(),
+            [Call::Mount {
+                source: Some("/dev/loop7".into()),
+                target: "/s/store".into(),
+                fstype: Some("btrfs".into()),
+                flags: MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                data: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_failed_mount_names_device_and_path_and_keeps_the_errno() {
+        let sys = RecordingSyscall::new();
+        sys.fail("mount", Errno::EPERM);
+        let e = mount_image(&sys, Path::new("/dev/loop7"), Path::new("/s/store")).unwrap_err();
+        assert_eq!(e.to_string(), "mount /dev/loop7 at /s/store");
+        let source = std::error::Error::source(&e).unwrap().to_string();
+        assert_eq!(source, io::Error::from(Errno::EPERM).to_string());
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn unmount_retries_a_busy_store_then_succeeds() {
+        let sys = RecordingSyscall::new();
+        sys.fail_nth("umount", 1, Errno::EBUSY);
+        sys.fail_nth("umount", 2, Errno::EBUSY);
+        unmount(&sys, Path::new("/s/store")).unwrap();
+        assert_eq!(sys.attempts("umount"), 3);
+        assert_eq!(
+            sys.calls(),
+            [Call::Umount {
+                target: "/s/store".into(),
+                flags: MntFlags::empty(),
+            }],
+            "never a lazy unmount: the loop device must be free when close returns"
+        );
+    }
+
+    #[test]
+    fn unmount_of_a_store_not_mounted_is_done() {
+        let sys = RecordingSyscall::new();
+        sys.fail("umount", Errno::EINVAL);
+        unmount(&sys, Path::new("/s/store")).unwrap();
+        assert_eq!(sys.attempts("umount"), 1);
+    }
+
+    #[test]
+    fn unmount_fails_at_once_on_other_errors_and_after_ten_busy_tries() {
+        let sys = RecordingSyscall::new();
+        sys.fail("umount", Errno::EPERM);
+        let e = unmount(&sys, Path::new("/s/store")).unwrap_err();
+        assert_eq!(e.to_string(), "unmount /s/store");
+        assert_eq!(sys.attempts("umount"), 1);
+
+        let sys = RecordingSyscall::new();
+        sys.fail("umount", Errno::EBUSY);
+        let e = unmount(&sys, Path::new("/s/store")).unwrap_err();
+        assert!(matches!(&e, StoreError::Unmount { source, .. }
+            if source.raw_os_error() == Some(libc::EBUSY)));
+        assert_eq!(sys.attempts("umount"), 10);
+    }
+
+    #[test]
+    fn closing_a_native_store_unmounts_nothing() {
+        let sys = RecordingSyscall::new();
+        let store = Store {
+            root: "/s/store".into(),
+            backing: Backing::Native,
+        };
+        store.close_with(&sys).unwrap();
+        assert_eq!(sys.attempts("umount"), 0);
+    }
+
+    #[test]
+    fn closing_a_loop_store_unmounts_its_root() {
+        let sys = RecordingSyscall::new();
+        let store = Store {
+            root: "/s/store".into(),
+            backing: Backing::Loop {
+                image: "/s/store.img".into(),
+                // No loop device of this name exists: nothing to wait for.
+                device: "/dev/drums-no-such-loop".into(),
+            },
+        };
+        store.close_with(&sys).unwrap();
+        assert_eq!(
+            sys.calls(),
+            [Call::Umount {
+                target: "/s/store".into(),
+                flags: MntFlags::empty(),
+            }]
+        );
     }
 
     #[test]

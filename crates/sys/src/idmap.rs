@@ -5,10 +5,14 @@
 //! mapping from a user namespace, so [`user_namespace`] makes one that holds
 //! nothing but a map.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use crate::{err, Result, SysError};
+use crate::{err, MountAttr, Result, SysError, Syscall};
+
+/// open_tree(2)'s flags, as libc spells them (`c_uint`).
+pub const OPEN_TREE_CLONE: u32 = libc::OPEN_TREE_CLONE;
+pub const OPEN_TREE_CLOEXEC: u32 = libc::OPEN_TREE_CLOEXEC;
 
 /// One line of a uid_map/gid_map: ids `inside..inside+count` of the namespace
 /// are `outside..outside+count` of its parent.
@@ -55,6 +59,9 @@ pub fn user_namespace(map: &[Extent]) -> Result<OwnedFd> {
         // Both sides signal with a byte, never with EOF: a concurrent fork
         // (another session's namespace) may hold copies of these pipes'
         // write ends, so an EOF could wait for that other child.
+        // These calls stay raw, outside the `Syscall` seam: between fork and
+        // _exit a child of a multithreaded process may not allocate or take
+        // a lock, which the seam's implementations may do.
         // SAFETY: raw system calls on descriptors this function owns, then
         // _exit without running any of drumsd's destructors.
         nix::unistd::ForkResult::Child => unsafe {
@@ -104,46 +111,28 @@ pub fn user_namespace(map: &[Extent]) -> Result<OwnedFd> {
 /// `/proc/self/fd/N` while the descriptor is open. It is in no mount table:
 /// nothing is left behind when the descriptor closes.
 pub fn idmapped_tree(src: &Path, userns: BorrowedFd<'_>, read_only: bool) -> Result<OwnedFd> {
-    let target = src.display().to_string();
-    let c = std::ffi::CString::new(src.as_os_str().as_encoded_bytes())
-        .map_err(|_| err("open_tree", target.clone())(nix::Error::EINVAL))?;
-    // SAFETY: open_tree with a valid C string; the result is a new descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
-        )
+    idmapped_tree_with(&crate::LinuxSyscall, src, userns, read_only)
+}
+
+/// [`idmapped_tree`] through the seam `sys`: open_tree(OPEN_TREE_CLONE),
+/// then mount_setattr(MOUNT_ATTR_IDMAP). util-linux's `X-mount.idmap=`
+/// silently does nothing on the hosts drums runs on, hence the system calls.
+pub fn idmapped_tree_with(
+    sys: &dyn Syscall,
+    src: &Path,
+    userns: BorrowedFd<'_>,
+    read_only: bool,
+) -> Result<OwnedFd> {
+    let tree = sys.open_tree(src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+    let attr = MountAttr {
+        idmap: Some(userns),
+        read_only,
     };
-    if fd < 0 {
-        return Err(err("open_tree", target)(nix::Error::last()));
-    }
-    // SAFETY: open_tree just returned this descriptor.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: mount_attr is four u64s; all zeros is "set nothing".
-    let mut attr: libc::mount_attr = unsafe { std::mem::zeroed() };
-    attr.attr_set = libc::MOUNT_ATTR_IDMAP
-        | if read_only {
-            libc::MOUNT_ATTR_RDONLY
-        } else {
-            0
-        };
-    attr.userns_fd = userns.as_raw_fd() as u64;
-    // SAFETY: mount_setattr on our detached tree with a correctly sized attr.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if r < 0 {
-        return Err(err("mount_setattr idmap", target)(nix::Error::last()));
-    }
+    sys.mount_setattr(tree.as_fd(), attr, &src.display().to_string())
+        .map_err(|e| SysError {
+            op: "mount_setattr idmap",
+            ..e
+        })?;
     Ok(tree)
 }
 
@@ -151,4 +140,58 @@ pub fn idmapped_tree(src: &Path, userns: BorrowedFd<'_>, read_only: bool) -> Res
 /// process (a detached mount, say) as a directory.
 pub fn fd_path(fd: BorrowedFd<'_>) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Call, RecordingSyscall};
+
+    #[test]
+    fn idmapped_tree_clones_then_sets_the_idmap_on_the_clone() {
+        let sys = RecordingSyscall::new();
+        let userns = sys.user_namespace(&[]).unwrap();
+        let tree = idmapped_tree_with(&sys, Path::new("/img"), userns.as_fd(), true).unwrap();
+        let calls = sys.calls();
+        assert_eq!(
+            calls[1..],
+            [
+                Call::OpenTree {
+                    path: "/img".into(),
+                    flags: OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+                    fd: tree.as_raw_fd(),
+                },
+                Call::MountSetattr {
+                    tree: tree.as_raw_fd(),
+                    idmap: Some(userns.as_raw_fd()),
+                    read_only: true,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_idmap_names_the_tree_and_keeps_the_errno() {
+        let sys = RecordingSyscall::new();
+        let userns = sys.user_namespace(&[]).unwrap();
+        sys.fail("mount_setattr", nix::Error::EINVAL);
+        let e = idmapped_tree_with(&sys, Path::new("/sv"), userns.as_fd(), false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "mount_setattr idmap /sv: EINVAL: Invalid argument"
+        );
+        assert_eq!(
+            std::error::Error::source(&e).map(|s| s.to_string()),
+            Some(nix::Error::EINVAL.to_string())
+        );
+
+        let sys = RecordingSyscall::new();
+        sys.fail("open_tree", nix::Error::ENOENT);
+        let e = idmapped_tree_with(&sys, Path::new("/sv"), userns.as_fd(), false).unwrap_err();
+        assert_eq!(e.op, "open_tree");
+        assert!(
+            sys.calls().is_empty(),
+            "no mount_setattr after a failed open_tree"
+        );
+    }
 }

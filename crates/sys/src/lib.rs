@@ -7,8 +7,11 @@
 
 pub mod idmap;
 
-use std::cell::RefCell;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub use idmap::Extent;
 
 pub use nix::mount::{MntFlags, MsFlags};
 pub use nix::sched::CloneFlags;
@@ -31,7 +34,21 @@ fn err(op: &'static str, target: impl Into<String>) -> impl FnOnce(nix::Error) -
     move |source| SysError { op, target, source }
 }
 
-/// The privileged operations session set-up needs.
+/// What [`Syscall::mount_setattr`] sets on a detached mount.
+#[derive(Debug, Clone, Copy)]
+pub struct MountAttr<'a> {
+    /// MOUNT_ATTR_IDMAP: ids through the mount are mapped by this user
+    /// namespace's map.
+    pub idmap: Option<BorrowedFd<'a>>,
+    /// MOUNT_ATTR_RDONLY.
+    pub read_only: bool,
+}
+
+/// The privileged operations drums makes: mounts, namespaces and id maps.
+///
+/// The code that needs them holds one (`Arc<dyn Syscall + Send + Sync>`) or
+/// takes `&dyn Syscall`: [`LinuxSyscall`] in production, [`RecordingSyscall`]
+/// in unit tests.
 pub trait Syscall {
     fn mount(
         &self,
@@ -47,6 +64,22 @@ pub trait Syscall {
     fn sethostname(&self, name: &str) -> Result<()>;
     fn unshare(&self, flags: CloneFlags) -> Result<()>;
     fn mknod(&self, path: &Path, kind: SFlag, perm: Mode, dev: u64) -> Result<()>;
+    /// Join the namespace `ns` refers to (this thread only, for most kinds).
+    /// `target` names it in an error.
+    fn setns(&self, ns: BorrowedFd<'_>, nstype: CloneFlags, target: &str) -> Result<()>;
+    /// open_tree(2) of `path` with `flags` (OPEN_TREE_CLONE, ...): a detached
+    /// mount when cloning.
+    fn open_tree(&self, path: &Path, flags: u32) -> Result<OwnedFd>;
+    /// mount_setattr(2) on the mount `tree` (AT_EMPTY_PATH); `target` names
+    /// it in an error.
+    fn mount_setattr(&self, tree: BorrowedFd<'_>, attr: MountAttr<'_>, target: &str) -> Result<()>;
+    /// move_mount(2) of the detached mount `from` onto `to`.
+    fn move_mount(&self, from: BorrowedFd<'_>, to: &Path) -> Result<()>;
+    /// A new user namespace holding `map` as its uid and gid map, and no
+    /// process (see [`idmap::user_namespace`]).
+    fn user_namespace(&self, map: &[Extent]) -> Result<OwnedFd>;
+    /// Write `map` as the uid and gid map of process `pid`'s user namespace.
+    fn write_id_maps(&self, pid: i32, map: &[Extent]) -> Result<()>;
 }
 
 /// The real system calls, through nix.
@@ -83,6 +116,78 @@ impl Syscall for LinuxSyscall {
     fn mknod(&self, path: &Path, kind: SFlag, perm: Mode, dev: u64) -> Result<()> {
         nix::sys::stat::mknod(path, kind, perm, dev)
             .map_err(err("mknod", path.display().to_string()))
+    }
+    fn setns(&self, ns: BorrowedFd<'_>, nstype: CloneFlags, target: &str) -> Result<()> {
+        nix::sched::setns(ns, nstype).map_err(err("setns", target))
+    }
+    fn open_tree(&self, path: &Path, flags: u32) -> Result<OwnedFd> {
+        let target = path.display().to_string();
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| err("open_tree", target.clone())(nix::Error::EINVAL))?;
+        // nix 0.29 has no open_tree.
+        // SAFETY: open_tree with a valid C string; the result is a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(err("open_tree", target)(nix::Error::last()));
+        }
+        // SAFETY: open_tree just returned this descriptor, and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+    fn mount_setattr(&self, tree: BorrowedFd<'_>, attr: MountAttr<'_>, target: &str) -> Result<()> {
+        // SAFETY: mount_attr is four u64s; all zeros is "set nothing".
+        let mut a: libc::mount_attr = unsafe { std::mem::zeroed() };
+        if let Some(userns) = attr.idmap {
+            a.attr_set |= libc::MOUNT_ATTR_IDMAP;
+            a.userns_fd = userns.as_raw_fd() as u64;
+        }
+        if attr.read_only {
+            a.attr_set |= libc::MOUNT_ATTR_RDONLY;
+        }
+        // nix 0.29 has no mount_setattr.
+        // SAFETY: mount_setattr on a descriptor the caller holds open, with an
+        // empty path and AT_EMPTY_PATH, and a correctly sized attr.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &a as *const libc::mount_attr,
+                std::mem::size_of::<libc::mount_attr>(),
+            )
+        };
+        if r < 0 {
+            return Err(err("mount_setattr", target)(nix::Error::last()));
+        }
+        Ok(())
+    }
+    fn move_mount(&self, from: BorrowedFd<'_>, to: &Path) -> Result<()> {
+        let target = to.display().to_string();
+        let c = std::ffi::CString::new(to.as_os_str().as_encoded_bytes())
+            .map_err(|_| err("move_mount", target.clone())(nix::Error::EINVAL))?;
+        // nix 0.29 has no move_mount.
+        // SAFETY: move_mount of a descriptor the caller holds open (empty path,
+        // MOVE_MOUNT_F_EMPTY_PATH) onto a valid C string.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                from.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                libc::MOVE_MOUNT_F_EMPTY_PATH,
+            )
+        };
+        if r < 0 {
+            return Err(err("move_mount", target)(nix::Error::last()));
+        }
+        Ok(())
+    }
+    fn user_namespace(&self, map: &[Extent]) -> Result<OwnedFd> {
+        idmap::user_namespace(map)
+    }
+    fn write_id_maps(&self, pid: i32, map: &[Extent]) -> Result<()> {
+        idmap::write_id_maps(pid, map)
     }
 }
 
@@ -179,39 +284,117 @@ pub enum Call {
         path: PathBuf,
         dev: u64,
     },
+    Setns {
+        ns: RawFd,
+        nstype: CloneFlags,
+    },
+    /// `fd`: the descriptor the recording handed back, so a test can find it
+    /// in later calls' arguments (`/proc/self/fd/N`).
+    OpenTree {
+        path: PathBuf,
+        flags: u32,
+        fd: RawFd,
+    },
+    MountSetattr {
+        tree: RawFd,
+        idmap: Option<RawFd>,
+        read_only: bool,
+    },
+    MoveMount {
+        from: RawFd,
+        to: PathBuf,
+    },
+    /// `fd` as for [`Call::OpenTree`].
+    UserNamespace {
+        map: Vec<Extent>,
+        fd: RawFd,
+    },
+    WriteIdMaps {
+        pid: i32,
+        map: Vec<Extent>,
+    },
 }
 
-/// Records calls instead of making them; optionally fails the n-th call of one kind,
-/// so error paths can be tested without root.
+/// Records calls instead of making them; fails the calls of one kind, or only
+/// the n-th of them, so error paths can be tested without root.
+///
+/// A `Mutex`, not a `RefCell`, so that it is `Send + Sync` and can stand in
+/// for [`LinuxSyscall`] wherever that is held as `Arc<dyn Syscall + Send + Sync>`.
+/// Calls that hand back a descriptor (open_tree, user_namespace) hand back
+/// one of /dev/null.
 #[derive(Default)]
 pub struct RecordingSyscall {
-    calls: RefCell<Vec<Call>>,
-    fail_on: RefCell<Option<(&'static str, nix::Error)>>,
+    state: Mutex<Recording>,
+}
+
+#[derive(Default)]
+struct Recording {
+    calls: Vec<Call>,
+    /// (op, which call of that op, counting from 1 (`None`: every one), errno).
+    faults: Vec<(&'static str, Option<usize>, nix::Error)>,
+    /// How many calls of each op were attempted, failed ones included.
+    attempts: Vec<(&'static str, usize)>,
 }
 
 impl RecordingSyscall {
     pub fn new() -> Self {
         Self::default()
     }
+    fn state(&self) -> std::sync::MutexGuard<'_, Recording> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
     /// Make every call named `op` ("mount", "pivot_root", ...) fail with `errno`.
     pub fn fail(&self, op: &'static str, errno: nix::Error) {
-        *self.fail_on.borrow_mut() = Some((op, errno));
+        self.state().faults.push((op, None, errno));
     }
+    /// Make only the `n`-th call named `op` (counting from 1) fail with `errno`.
+    pub fn fail_nth(&self, op: &'static str, n: usize, errno: nix::Error) {
+        self.state().faults.push((op, Some(n), errno));
+    }
+    /// The calls made, in order; a failed call is not among them.
     pub fn calls(&self) -> Vec<Call> {
-        self.calls.borrow().clone()
+        self.state().calls.clone()
+    }
+    /// How many calls named `op` were attempted, failed ones included.
+    pub fn attempts(&self, op: &str) -> usize {
+        self.state()
+            .attempts
+            .iter()
+            .find(|(o, _)| *o == op)
+            .map_or(0, |(_, n)| *n)
     }
     fn record(&self, op: &'static str, target: String, call: Call) -> Result<()> {
-        if let Some((f, e)) = *self.fail_on.borrow() {
-            if f == op {
-                return Err(SysError {
-                    op,
-                    target,
-                    source: e,
-                });
+        let mut st = self.state();
+        let n = match st.attempts.iter_mut().find(|(o, _)| *o == op) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
             }
+            None => {
+                st.attempts.push((op, 1));
+                1
+            }
+        };
+        let fault = st
+            .faults
+            .iter()
+            .find(|(f, nth, _)| *f == op && nth.is_none_or(|k| k == n))
+            .map(|(_, _, e)| *e);
+        if let Some(source) = fault {
+            return Err(SysError { op, target, source });
         }
-        self.calls.borrow_mut().push(call);
+        st.calls.push(call);
         Ok(())
+    }
+    /// A descriptor to hand back in place of a namespace or a mount.
+    fn placeholder(op: &'static str, target: &str) -> Result<OwnedFd> {
+        std::fs::File::open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|e| SysError {
+                op,
+                target: target.to_owned(),
+                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            })
     }
 }
 
@@ -283,6 +466,73 @@ impl Syscall for RecordingSyscall {
             },
         )
     }
+    fn setns(&self, ns: BorrowedFd<'_>, nstype: CloneFlags, target: &str) -> Result<()> {
+        self.record(
+            "setns",
+            target.to_owned(),
+            Call::Setns {
+                ns: ns.as_raw_fd(),
+                nstype,
+            },
+        )
+    }
+    fn open_tree(&self, path: &Path, flags: u32) -> Result<OwnedFd> {
+        let target = path.display().to_string();
+        let fd = Self::placeholder("open_tree", &target)?;
+        self.record(
+            "open_tree",
+            target,
+            Call::OpenTree {
+                path: path.to_owned(),
+                flags,
+                fd: fd.as_raw_fd(),
+            },
+        )?;
+        Ok(fd)
+    }
+    fn mount_setattr(&self, tree: BorrowedFd<'_>, attr: MountAttr<'_>, target: &str) -> Result<()> {
+        self.record(
+            "mount_setattr",
+            target.to_owned(),
+            Call::MountSetattr {
+                tree: tree.as_raw_fd(),
+                idmap: attr.idmap.map(|fd| fd.as_raw_fd()),
+                read_only: attr.read_only,
+            },
+        )
+    }
+    fn move_mount(&self, from: BorrowedFd<'_>, to: &Path) -> Result<()> {
+        self.record(
+            "move_mount",
+            to.display().to_string(),
+            Call::MoveMount {
+                from: from.as_raw_fd(),
+                to: to.to_owned(),
+            },
+        )
+    }
+    fn user_namespace(&self, map: &[Extent]) -> Result<OwnedFd> {
+        let fd = Self::placeholder("user_namespace", "CLONE_NEWUSER")?;
+        self.record(
+            "user_namespace",
+            "CLONE_NEWUSER".to_owned(),
+            Call::UserNamespace {
+                map: map.to_vec(),
+                fd: fd.as_raw_fd(),
+            },
+        )?;
+        Ok(fd)
+    }
+    fn write_id_maps(&self, pid: i32, map: &[Extent]) -> Result<()> {
+        self.record(
+            "write id map",
+            format!("/proc/{pid}"),
+            Call::WriteIdMaps {
+                pid,
+                map: map.to_vec(),
+            },
+        )
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +552,27 @@ mod tests {
         let e = sys.chdir(Path::new("/y")).unwrap_err();
         assert_eq!(e.to_string(), "chdir /y: EPERM: Operation not permitted");
         assert_eq!(sys.calls().len(), 2, "a failed call is not recorded");
+        assert_eq!(sys.attempts("chdir"), 2);
+    }
+
+    #[test]
+    fn fail_nth_fails_only_that_call_of_its_kind() {
+        let sys = RecordingSyscall::new();
+        sys.fail_nth("umount", 2, nix::Error::EBUSY);
+        let t = Path::new("/t");
+        sys.umount2(t, MntFlags::empty()).unwrap();
+        let e = sys.umount2(t, MntFlags::MNT_DETACH).unwrap_err();
+        assert_eq!((e.op, e.source), ("umount", nix::Error::EBUSY));
+        sys.umount2(t, MntFlags::MNT_DETACH).unwrap();
+        assert_eq!(sys.attempts("umount"), 3);
+        assert_eq!(sys.calls().len(), 2);
+    }
+
+    #[test]
+    fn the_recording_can_be_shared_across_threads() {
+        fn shared(_: &(dyn Syscall + Send + Sync)) {}
+        shared(&RecordingSyscall::new());
+        shared(&LinuxSyscall);
     }
 }
 
