@@ -61,7 +61,7 @@ chain_calls=$(src | xargs grep -hoE '\b(chain|error_chain)\(&' | wc -l)
 string_err_crates=$(src | xargs grep -lE 'Result<[^;{]*, *String>' | cut -d/ -f2 | sort -u | wc -l)
 # SessionError's variants that hold a message made from an error (not an id
 # or name): its chain was flattened where it was raised.
-string_variants=$(git grep -hoE '^\s+(Hygiene|Desktop|Init|Injected|Conflict|Invalid)\(String\)' -- 'crates/session/src/lib.rs' | tr -d ' ' | tr '\n' ' ')
+string_variants=$(git grep -hoE '^\s+(Hygiene|Desktop|Init|Injected|Conflict|Invalid)\((String|BoxError)\)' -- 'crates/session/src/lib.rs' | tr -d ' ' | tr '\n' ' ')
 anyhow_libs=$(git grep -lE 'anyhow' -- 'crates/*/src/*.rs' 'crates/*/src/**/*.rs' | grep -v '/main.rs$' | cut -d/ -f2 | sort -u | tr '\n' ' ')
 echo "error_chain_fns $chain_fns"
 echo "error_chain_call_sites $chain_calls"

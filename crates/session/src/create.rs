@@ -225,7 +225,7 @@ impl Manager {
         let _: serde_json::Value = crate::manager::desktop_start_client(pid)
             .json(hyper::Method::POST, "/v1/desktop", Some(&body))
             .await
-            .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+            .map_err(|e| SessionError::Desktop(e.into()))?;
         Ok(())
     }
 
@@ -389,17 +389,23 @@ impl InitPipe {
         self.stdin
             .write_all(line.as_bytes())
             .await
-            .map_err(|e| SessionError::Init(format!("write to drums-init: {e}")))
+            .map_err(|source| SessionError::InitPipe {
+                op: "write to",
+                source,
+            })
     }
 
     async fn next(&mut self) -> Result<Report, SessionError> {
         let line = tokio::time::timeout(Duration::from_secs(15), self.lines.next_line())
             .await
             .map_err(|_| SessionError::Init("drums-init did not report within 15 s".into()))?
-            .map_err(|e| SessionError::Init(format!("read from drums-init: {e}")))?
+            .map_err(|source| SessionError::InitPipe {
+                op: "read from",
+                source,
+            })?
             .ok_or_else(|| SessionError::Init("drums-init exited without reporting".into()))?;
         let r: Report = serde_json::from_str(&line)
-            .map_err(|e| SessionError::Init(format!("unreadable report {line:?}: {e}")))?;
+            .map_err(|source| SessionError::InitReport { line, source })?;
         match r {
             Report::Error(m) => Err(SessionError::Init(m)),
             r => Ok(r),

@@ -49,6 +49,10 @@ pub enum ErrorKind {
     Internal,
 }
 
+/// An error from outside the manager's own types (a guest's answer, a
+/// host call), kept whole as a source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("{0}")]
@@ -107,12 +111,30 @@ pub enum SessionError {
     Ids(#[from] drums_sys::SysError),
     #[error("install the host's loader for drums' programs in sessions")]
     Loader(#[from] drums_init::loader::LoaderError),
-    #[error("hygiene: {0}")]
-    Hygiene(String),
-    #[error("desktop: {0}")]
-    Desktop(String),
+    /// A sibling's new identity could not be applied: the host's half (its
+    /// hostname, from outside) or the guest's answer.
+    #[error("hygiene")]
+    Hygiene(#[source] BoxError),
+    /// The desktop's start, hygiene or readiness, as the guest answered.
+    #[error("desktop")]
+    Desktop(#[source] BoxError),
+    /// What drums-init reported, or a report it should not have sent.
     #[error("session init: {0}")]
     Init(String),
+    /// The pipe to drums-init failed.
+    #[error("session init: {op} drums-init")]
+    InitPipe {
+        /// "write to", "read from".
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("session init: unreadable report {line:?}")]
+    InitReport {
+        line: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// An import's archive would take the store's reserve.
     #[error("archive larger than the {room} bytes the store has room for (its free space less drumsd's reserve)")]
     ArchiveTooLarge { room: u64 },

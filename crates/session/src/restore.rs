@@ -398,7 +398,7 @@ impl Manager {
         tokio::task::spawn_blocking(move || drums_sys::set_hostname_in(p, &h))
             .await
             .expect("no panic")
-            .map_err(|e| SessionError::Hygiene(crate::error_chain(&e)))?;
+            .map_err(|e| SessionError::Hygiene(e.into()))?;
         let body = serde_json::json!({
             "hostname": rec.hostname,
             "machine_id": random_hex(16),
@@ -409,7 +409,7 @@ impl Manager {
         let _: serde_json::Value = client
             .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
             .await
-            .map_err(|e| SessionError::Hygiene(crate::error_chain(&e)))?;
+            .map_err(|e| SessionError::Hygiene(e.into()))?;
         if rec.profile == "desktop" {
             self.faults.check("restore.desktop")?;
             // The hostname has changed: now the browser's profile lock, and for
@@ -419,7 +419,7 @@ impl Manager {
             let _: serde_json::Value = client
                 .json(hyper::Method::POST, "/v1/desktop/hygiene", Some(&browser))
                 .await
-                .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+                .map_err(|e| SessionError::Desktop(e.into()))?;
             self.desktop_ready(pid).await?;
         }
         Ok(())
@@ -435,7 +435,7 @@ impl Manager {
         let _: serde_json::Value = guest_client(pid)
             .json(hyper::Method::GET, &ready, None::<&()>)
             .await
-            .map_err(|e| SessionError::Desktop(crate::error_chain(&e)))?;
+            .map_err(|e| SessionError::Desktop(e.into()))?;
         Ok(())
     }
 }
