@@ -8,6 +8,7 @@
 pub mod client;
 pub mod cpus;
 pub mod exec;
+pub mod guest;
 pub mod size;
 pub mod types;
 

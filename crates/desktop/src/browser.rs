@@ -22,16 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::cdp;
-use crate::{DesktopError, User, CDP_PORT};
+pub use drums_api::guest::BrowserHygiene;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BrowserHygiene {
-    /// The sibling's new hostname, for the profile lock.
-    pub hostname: String,
-    /// Reset cookies, storage and renderers.
-    #[serde(default)]
-    pub clean: bool,
-}
+use crate::{DesktopError, User, CDP_PORT};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BrowserReport {

@@ -20,6 +20,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use drums_api::guest::DesktopStart;
 use drums_desktop::{BrowserHygiene, DesktopConfig, DesktopError, User};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -46,21 +47,6 @@ pub struct DesktopState {
 
 struct Running {
     user: User,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartRequest {
-    /// `WIDTHxHEIGHT`, default 1280x800.
-    #[serde(default)]
-    pub screen: Option<String>,
-    #[serde(default)]
-    pub url: Option<String>,
-    #[serde(default)]
-    pub user: Option<String>,
-    /// The whole start's budget, until agent-ready.
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -108,7 +94,7 @@ fn desktop_error(e: DesktopError) -> ApiError {
 
 async fn start(
     State(state): State<Arc<DesktopState>>,
-    body: Result<Json<StartRequest>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<DesktopStart>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Started>), ApiError> {
     let Json(req) = body.map_err(crate::server::json_rejection)?;
     let (width, height) = drums_desktop::parse_screen(req.screen.as_deref().unwrap_or("1280x800"))

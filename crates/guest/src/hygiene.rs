@@ -40,12 +40,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
+pub use drums_api::guest::{HygieneReport, HygieneRequest, HygieneStatus};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 
@@ -95,57 +95,6 @@ impl HygieneConfig {
     pub fn generation_file(&self) -> PathBuf {
         self.run_dir.join(GENERATION_FILE)
     }
-}
-
-/// The request body of `POST /v1/hygiene`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HygieneRequest {
-    pub hostname: String,
-    /// 32 lowercase hex digits, as systemd expects in `/etc/machine-id`.
-    pub machine_id: String,
-    /// The restore generation; written for processes to read.
-    pub generation: u64,
-    /// The sibling's new address, for `/etc/hosts`; drumsd has already
-    /// configured it on the interface.
-    #[serde(default)]
-    pub ip: Option<IpAddr>,
-    #[serde(default)]
-    pub ack_timeout_ms: Option<u64>,
-}
-
-/// The answer to `POST /v1/hygiene`. Pid lists are sorted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HygieneReport {
-    pub hostname: String,
-    pub generation: u64,
-    /// Registered processes that were sent their signal.
-    pub signalled: Vec<u32>,
-    /// Of those, the ones that acknowledged this generation in time.
-    pub acked: Vec<u32>,
-    /// Registrations removed because they no longer name a live registrant.
-    pub stale_removed: Vec<u32>,
-    /// Registrations the agent could not tie to their process (it may not
-    /// look at the process's open files), so it neither signalled nor
-    /// removed them: those processes were not reseeded.
-    #[serde(default)]
-    pub unverified: Vec<u32>,
-    pub elapsed_us: u64,
-}
-
-/// The answer to `GET /v1/hygiene`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HygieneStatus {
-    /// 0 for a session that was never restored.
-    pub generation: u64,
-    /// Pids with a registration file, valid or not (checked only when
-    /// signalling).
-    pub registered: Vec<u32>,
-    /// What the last `POST /v1/hygiene` did, since this agent started (a
-    /// restored agent starts from its checkpoint, which never holds one:
-    /// drumsd checkpoints before it restores).
-    #[serde(default)]
-    pub last: Option<HygieneReport>,
 }
 
 #[derive(Debug, thiserror::Error)]

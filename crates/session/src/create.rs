@@ -217,11 +217,12 @@ impl Manager {
     /// The desktop profile: the guest agent starts Xvfb, dbus, openbox and
     /// Chromium and answers when the desktop is agent-ready.
     async fn start_desktop(&self, pid: i32, desktop: &DesktopSpec) -> Result<(), SessionError> {
-        let body = serde_json::json!({
-            "screen": desktop.screen,
-            "url": desktop.url,
-            "timeout_ms": crate::manager::DESKTOP_START_TIMEOUT.as_millis() as u64,
-        });
+        let body = drums_api::guest::DesktopStart {
+            screen: Some(desktop.screen.clone()),
+            url: desktop.url.clone(),
+            user: None,
+            timeout_ms: Some(crate::manager::DESKTOP_START_TIMEOUT.as_millis() as u64),
+        };
         let _: serde_json::Value = crate::manager::desktop_start_client(pid)
             .json(hyper::Method::POST, "/v1/desktop", Some(&body))
             .await

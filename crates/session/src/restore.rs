@@ -399,12 +399,19 @@ impl Manager {
             .await
             .expect("no panic")
             .map_err(|e| SessionError::Hygiene(e.into()))?;
-        let body = serde_json::json!({
-            "hostname": rec.hostname,
-            "machine_id": random_hex(16),
-            "generation": rec.generation,
-            "ip": rec.ip,
-        });
+        let ip = rec
+            .ip
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: std::net::AddrParseError| SessionError::Hygiene(e.into()))?;
+        let body = drums_api::guest::HygieneRequest {
+            hostname: rec.hostname.clone(),
+            machine_id: random_hex(16),
+            generation: rec.generation,
+            ip,
+            ack_timeout_ms: None,
+        };
         let client = guest_client(pid);
         let _: serde_json::Value = client
             .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
@@ -415,7 +422,10 @@ impl Manager {
             // The hostname has changed: now the browser's profile lock, and for
             // a clean checkpoint its cookies, storage and renderers. Then the
             // sibling is ready when its desktop is agent-ready.
-            let browser = serde_json::json!({"hostname": rec.hostname, "clean": clean});
+            let browser = drums_api::guest::BrowserHygiene {
+                hostname: rec.hostname.clone(),
+                clean,
+            };
             let _: serde_json::Value = client
                 .json(hyper::Method::POST, "/v1/desktop/hygiene", Some(&browser))
                 .await
