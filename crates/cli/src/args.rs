@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+// The connection options and the size parser are the client's, shared with
+// vmrun and the benches.
+pub use drums_client::{parse_size, Global};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -15,30 +18,6 @@ pub struct Cli {
     pub global: Global,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct Global {
-    /// drumsd's state directory (used to find and, if needed, start the daemon).
-    #[arg(
-        long,
-        env = "DRUMS_STATE_DIR",
-        default_value = "/var/lib/drums",
-        global = true
-    )]
-    pub state_dir: PathBuf,
-    /// drumsd's socket; default STATE_DIR/drumsd.sock.
-    #[arg(long, env = "DRUMS_SOCKET", global = true)]
-    pub socket: Option<PathBuf>,
-    /// Never start a daemon; fail if none answers. The variable takes what
-    /// the Python SDK takes: 1, true, yes or on (0, false, no, off: autostart).
-    #[arg(
-        long,
-        env = "DRUMS_NO_AUTOSTART",
-        global = true,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub no_autostart: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -605,30 +584,8 @@ pub enum BenchCommand {
     },
 }
 
-/// Parse "512M", "1G", "1048576" (one parser for the CLI and drumsd's config).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    drums_api::parse_size(s).map_err(|e| e.to_string())
-}
-
 /// A CPU limit, by the same check drumsd applies (the host's CPU count is
 /// left to drumsd, which knows the host it runs on).
 pub fn parse_cpus(s: &str) -> Result<f64, String> {
     drums_api::parse_cpus(s, None).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1M").is_err());
-        for bad in ["0", "nan", "inf", "18446744073709551616", "1e30G"] {
-            assert!(parse_size(bad).is_err(), "{bad:?}");
-        }
-    }
 }

@@ -5,10 +5,8 @@ pub mod args;
 pub mod bench;
 pub mod build;
 pub mod commands;
-pub mod connect;
 pub mod demo;
 pub mod eval;
-pub mod exit;
 pub mod images;
 pub mod inspect;
 pub mod pools;
@@ -16,3 +14,6 @@ pub mod table;
 pub mod versions;
 
 pub use args::Cli;
+// Finding drumsd and the exit codes are the client crate's, shared with
+// vmrun and the benches.
+pub use drums_client::{connect, exit};
