@@ -1,13 +1,16 @@
 //! A client of drumsd, as `drums`, `vmrun` and the benches share it: the
 //! connection options, finding drumsd and starting one when none answers
-//! ([`connect`]), and the exit codes failures map to ([`exit`]).
+//! ([`connect`]), the exit codes failures map to ([`exit`]), a streamed
+//! exec ([`exec`]) and the tables people read ([`table`]).
 
 use std::path::PathBuf;
 
 use clap::Args;
 
 pub mod connect;
+pub mod exec;
 pub mod exit;
+pub mod table;
 
 pub use exit::Failure;
 
