@@ -80,8 +80,7 @@ pub async fn image(c: &Client, base: &Path, n: usize, as_json: bool) -> Result<i
     }
     let v: Version = c.json(Method::GET, "/v1/version", None::<&()>).await?;
     let tools = Tools {
-        drums: std::env::current_exe()
-            .map_err(|e| Failure::new(exit::INTERNAL, format!("find this drums binary: {e}")))?,
+        drums: drums_beside()?,
         socket: c.socket().to_owned(),
     };
     let m = Made::new(c);
@@ -183,6 +182,18 @@ impl Unit {
             Unit::S => format!("{secs:.2} s"),
         }
     }
+}
+
+/// The `drums` the pulls and imports are timed through: the one beside this
+/// program, as `drums bench` runs it, else `drums` on PATH.
+fn drums_beside() -> Result<PathBuf, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("find this program's path: {e}")))?;
+    Ok(exe
+        .parent()
+        .map(|d| d.join("drums"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("drums")))
 }
 
 /// The disk phase's measurements.
