@@ -25,7 +25,7 @@ log() { echo "bench-smoke: $*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "needs root (namespaces, mounts, cgroups)"
-for b in drums drumsd drums-init drums-guest; do
+for b in drums drums-bench drumsd drums-init drums-guest; do
   [ -x "$bin/$b" ] || die "$bin/$b missing: cargo build --release --workspace --bins"
 done
 for i in default desktop; do

@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+// The connection options and the size parser are the client's, shared with
+// vmrun and the benches.
+pub use drums_client::{parse_size, Global};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -15,30 +18,6 @@ pub struct Cli {
     pub global: Global,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct Global {
-    /// drumsd's state directory (used to find and, if needed, start the daemon).
-    #[arg(
-        long,
-        env = "DRUMS_STATE_DIR",
-        default_value = "/var/lib/drums",
-        global = true
-    )]
-    pub state_dir: PathBuf,
-    /// drumsd's socket; default STATE_DIR/drumsd.sock.
-    #[arg(long, env = "DRUMS_SOCKET", global = true)]
-    pub socket: Option<PathBuf>,
-    /// Never start a daemon; fail if none answers. The variable takes what
-    /// the Python SDK takes: 1, true, yes or on (0, false, no, off: autostart).
-    #[arg(
-        long,
-        env = "DRUMS_NO_AUTOSTART",
-        global = true,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub no_autostart: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -259,14 +238,25 @@ pub enum Command {
     Turn(TurnCommand),
     /// Show what drums does, on this machine, in a minute.
     Demo,
-    /// Benchmarks that print the same tables every time.
-    #[command(subcommand)]
-    Bench(BenchCommand),
+    /// Benchmarks that print the same tables every time (`drums-bench`,
+    /// beside `drums`; `drums bench --help` lists them).
+    #[command(disable_help_flag = true)]
+    Bench(Passthrough),
     /// The evaluation of selective checkpointing (docs/eval.md): traces
     /// replayed by agents through the coordinator under five recovery
     /// strategies and seeded faults, and many sessions at once; writes
-    /// results.json, summary.md and figures. Runs drumsds of its own.
-    Eval(EvalArgs),
+    /// results.json, summary.md and figures. Runs drumsds of its own
+    /// (`drums-eval`, beside `drums`).
+    #[command(disable_help_flag = true)]
+    Eval(Passthrough),
+}
+
+/// A subcommand run by its own program: every argument after its name goes
+/// to that program as it was given, `--help` included.
+#[derive(Debug, Args)]
+pub struct Passthrough {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -433,202 +423,8 @@ pub enum TurnCommand {
     Stop { session: String },
 }
 
-#[derive(Debug, Args)]
-pub struct EvalArgs {
-    /// Minutes, not an hour: 8 traces for the strategies, a short fixed
-    /// model latency, 2 faults per run, densities 1 and 4.
-    #[arg(long)]
-    pub quick: bool,
-    /// Where results.json, summary.md and the figures go.
-    #[arg(long, default_value = "eval-out")]
-    pub out: PathBuf,
-    /// Seeds the fault plans (and a sampled latency).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// The model's time per turn: `trace` (the traces' own), `trace*F`,
-    /// `fixed:MS` or `sampled` (from the corpus, by the seed).
-    #[arg(long)]
-    pub latency: Option<drums_eval::Latency>,
-    /// Traces run at once (each worker runs its own drumsd).
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// Runs of each trace per strategy, each with its own fault plan.
-    #[arg(long)]
-    pub runs: Option<usize>,
-    /// Faults per run.
-    #[arg(long)]
-    pub faults: Option<usize>,
-    /// Only this strategy (repeatable): chat-only, chat+files, full,
-    /// selective, restart.
-    #[arg(long = "strategy")]
-    pub strategies: Vec<drums_eval::Strategy>,
-    /// Only this trace (repeatable).
-    #[arg(long = "trace")]
-    pub traces: Vec<String>,
-    /// Densities, comma-separated; 0 probes the host's highest; empty
-    /// (`--density ''`) skips density.
-    #[arg(long = "density", value_delimiter = ',')]
-    pub densities: Option<Vec<String>>,
-    /// Skip the agent that lives in its session (it needs the `agent`
-    /// image that scripts/setup.sh builds).
-    #[arg(long)]
-    pub no_inside: bool,
-    /// The images drumsd runs sessions from; default STATE_DIR/images.
-    #[arg(long)]
-    pub images_dir: Option<PathBuf>,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Warm pools: a take from a ready pool (p50, p95), and resets per hour
-    /// of 4 workers (take or restore, a 2 s episode, remove) with a pool of
-    /// 4 against plain restores, interleaved, headless and desktop.
-    Pool {
-        /// Takes timed from a ready pool, per profile.
-        #[arg(short = 'n', default_value_t = 20)]
-        n: usize,
-        /// Segments per arm (pool, restore), alternating.
-        #[arg(long, default_value_t = 3)]
-        segments: usize,
-        /// Seconds per segment.
-        #[arg(long, default_value_t = 20.0)]
-        segment_secs: f64,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Cold start: create-to-ready latency, and host memory per added session.
-    Start {
-        #[arg(long, default_value = "headless")]
-        profile: String,
-        #[arg(short = 'n', default_value_t = 20)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// The inspector: its overhead on a syscall-heavy workload (interleaved
-    /// with and without), turn_end latency, and the labelled corpus's
-    /// confusion matrix.
-    Inspect {
-        /// Rounds of the overhead comparison, and turns timed for latency.
-        #[arg(short = 'n', default_value_t = 10)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// What the security boundary costs: start and restore with the hardened
-    /// default against --privileged, interleaved in one run.
-    Confinement {
-        #[arg(long, default_value = "headless")]
-        profile: String,
-        #[arg(short = 'n', default_value_t = 20)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Checkpoint and restore of each workload of the checkpointability
-    /// corpus (file watchers, ptys, unlinked files, locks, SQLite, kernel
-    /// objects) against a plain headless session, interleaved in one run.
-    Corpus {
-        #[arg(short = 'n', default_value_t = 5)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// The v1 and v2 cgroup freezers for a files artifact (freeze, read-only
-    /// btrfs snapshot, thaw), interleaved on a 20-process workload. Runs
-    /// in-process as root, without drumsd.
-    Freeze {
-        #[arg(short = 'n', default_value_t = 50)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// The coordinator's LLM proxy: added latency per request (plain,
-    /// streamed, from a session) against its own mock, interleaved;
-    /// requests per second with 16 sessions; the exposed delay per turn.
-    /// JSON keys are in `crates/cli/src/bench/proxy.rs`.
-    Proxy {
-        /// Requests per arm for the added latency.
-        #[arg(short = 'n', default_value_t = 200)]
-        n: usize,
-        /// Turns per session for the exposed delay (16 sessions at once).
-        #[arg(long, default_value_t = 3)]
-        turns: usize,
-        /// The proxy, as agents on this host reach it.
-        #[arg(long, default_value = "127.0.0.1:7080")]
-        proxy: std::net::SocketAddr,
-        /// The bench's mock upstream listens on 127.0.0.1:PORT; drumsd must
-        /// have --llm-upstream openai=http://127.0.0.1:PORT.
-        #[arg(long, default_value_t = 7090)]
-        mock_port: u16,
-        #[arg(long)]
-        json: bool,
-    },
-    /// The checkpoint engine's versions (docs/engine.md): files-only,
-    /// process-only and full versions of a headless and a desktop session,
-    /// interleaved; their frozen time and bytes written; rollback to each;
-    /// recovery, by `drums recover` and after `kill -9` of drumsd;
-    /// queue wait with 1, 4 and 16 sessions ending turns at once, promotion
-    /// off and on. JSON keys are in `crates/cli/src/bench/engine.rs`.
-    Engine {
-        /// Measured rounds (after one unmeasured round).
-        #[arg(short = 'n', default_value_t = 20)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// OCI images against skopeo+umoci and podman, from a registry the
-    /// bench starts on loopback (drums' default rootfs as the image): pull
-    /// and unpack, import of an oci-archive of it (against podman load),
-    /// create to ready and exec, interleaved; the disk that 10
-    /// images on one base take. Needs root, podman, runc, skopeo, umoci,
-    /// docker-registry. JSON keys are in `crates/cli/src/bench/image.rs`.
-    Image {
-        /// Measured rounds (after one unmeasured round).
-        #[arg(short = 'n', default_value_t = 5)]
-        n: usize,
-        /// The tree the image is made of.
-        #[arg(long, default_value = "/var/lib/drums/images/default/rootfs")]
-        base: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Cold start vs hygienic restore, interleaved; forks of 1, 4, 8;
-    /// memory per session cold vs restored; dump time and image size.
-    Restore {
-        #[arg(long, default_value = "headless")]
-        profile: String,
-        #[arg(short = 'n', default_value_t = 20)]
-        n: usize,
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// Parse "512M", "1G", "1048576" (one parser for the CLI and drumsd's config).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    drums_api::parse_size(s).map_err(|e| e.to_string())
-}
-
 /// A CPU limit, by the same check drumsd applies (the host's CPU count is
 /// left to drumsd, which knows the host it runs on).
 pub fn parse_cpus(s: &str) -> Result<f64, String> {
     drums_api::parse_cpus(s, None).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1M").is_err());
-        for bad in ["0", "nan", "inf", "18446744073709551616", "1e30G"] {
-            assert!(parse_size(bad).is_err(), "{bad:?}");
-        }
-    }
 }

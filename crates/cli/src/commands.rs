@@ -9,6 +9,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 
 use crate::args::{parse_size, CreateArgs, ExecArgs};
+// The streaming exec is the client's, shared with the benches.
+pub use drums_client::exec::run_exec;
+
 use crate::exit::{self, Failure};
 use crate::table;
 
@@ -102,62 +105,6 @@ pub async fn exec(c: &Client, a: &ExecArgs) -> Result<i32, Failure> {
         &mut std::io::stderr(),
     )
     .await
-}
-
-/// The streaming exec, writing to the given sinks (the demo captures them).
-pub async fn run_exec(
-    c: &Client,
-    session: &str,
-    req: &ExecRequest,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<i32, Failure> {
-    let st = drums_api::exec(c, session, req, |stream, bytes| {
-        let w: &mut dyn Write = match stream {
-            drums_api::Stream::Stderr => &mut *err,
-            drums_api::Stream::Stdout => &mut *out,
-        };
-        let _ = w.write_all(bytes).and_then(|_| w.flush());
-    })
-    .await;
-    match st {
-        Ok(st) if st.timed_out => {
-            let _ = writeln!(err, "drums: command timed out and was killed");
-            Ok(exit::TIMED_OUT)
-        }
-        Ok(st) => Ok(st.code.unwrap_or_else(|| 128 + st.signal.unwrap_or(0))),
-        Err(drums_api::ExecError::Start { source, .. }) => Err(source.into()),
-        Err(drums_api::ExecError::Broke { why, .. }) => {
-            Err(exec_broke(c, session, format!("exec stream broke: {why}")).await)
-        }
-        Err(e) => Err(anyhow::Error::new(e).into()),
-    }
-}
-
-/// Why an exec's output stream broke or ended early: most often the session
-/// was removed (its guest agent died with it), which the caller should hear
-/// in those words rather than as a transport error.
-async fn exec_broke(c: &Client, session: &str, otherwise: String) -> Failure {
-    // Asked right after the break, the removal may still be under way.
-    let removed = match c
-        .json::<Session>(
-            Method::GET,
-            &format!("/v1/sessions/{}", enc(session)),
-            None::<&()>,
-        )
-        .await
-    {
-        Ok(s) => s.state == "removing",
-        Err(e) => matches!(e, drums_api::ClientError::Api { status: 404, .. }),
-    };
-    if removed {
-        Failure::new(
-            exit::INTERNAL,
-            format!("session {session} was removed while the command ran"),
-        )
-    } else {
-        Failure::new(exit::INTERNAL, otherwise)
-    }
 }
 
 /// `SESSION:PATH` → Some((session, path)); a local path → None.

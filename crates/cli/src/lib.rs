@@ -2,17 +2,16 @@
 //! starts one for the local user (the embedded default).
 
 pub mod args;
-pub mod bench;
 pub mod build;
 pub mod commands;
-pub mod connect;
 pub mod demo;
-pub mod eval;
-pub mod exit;
 pub mod images;
 pub mod inspect;
 pub mod pools;
-pub mod table;
+pub mod sibling;
 pub mod versions;
 
 pub use args::Cli;
+// Finding drumsd and the exit codes are the client crate's, shared with
+// vmrun and the benches.
+pub use drums_client::{connect, exit, table};

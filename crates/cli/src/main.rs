@@ -1,21 +1,25 @@
 //! drums: parse the command line, connect to drumsd, run one subcommand.
 
 use clap::Parser;
-use drums_cli::args::{BenchCommand, Command, ImageCmd};
-use drums_cli::{bench, commands, connect, demo, eval, inspect, Cli};
+use drums_cli::args::{Command, ImageCmd};
+use drums_cli::{commands, connect, demo, inspect, sibling, Cli};
 
 fn main() {
     let cli = Cli::parse();
-    // The evaluation drives many agents, daemons and a mock model at once:
-    // it gets every core; everything else is one request at a time.
-    let rt = match cli.command {
-        Command::Eval(_) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        _ => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
+    // Programs of their own: drums becomes them, and is back only if it could not.
+    let sibling = match &cli.command {
+        Command::Bench(p) => Some(("drums-bench", &p.args)),
+        Command::Eval(p) => Some(("drums-eval", &p.args)),
+        _ => None,
     };
+    if let Some((program, args)) = sibling {
+        let f = sibling::exec(program, &cli.global, args);
+        eprintln!("drums: {}", f.message);
+        std::process::exit(f.code);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
@@ -37,13 +41,6 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
     if let Command::Create(a) = &cli.command {
         // Refuse bad input before a daemon is started for it.
         commands::create_request(a)?;
-    }
-    if let Command::Bench(BenchCommand::Freeze { n, json }) = &cli.command {
-        // A host mechanism, measured in-process: no daemon involved.
-        return bench::freeze(*n, *json);
-    }
-    if let Command::Eval(a) = &cli.command {
-        return eval::run(&cli.global, a).await;
     }
     let c = connect::client(&cli.global).await?;
     match &cli.command {
@@ -103,35 +100,6 @@ async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {
             drums_cli::versions::rollback(&c, session, to.as_deref(), *json).await
         }
         Command::Demo => demo::run(&c).await,
-        Command::Bench(BenchCommand::Start { profile, n, json }) => {
-            bench::start(&c, profile, *n, *json).await
-        }
-        Command::Bench(BenchCommand::Restore { profile, n, json }) => {
-            bench::restore(&c, profile, *n, *json).await
-        }
-        Command::Bench(BenchCommand::Inspect { n, json }) => bench::inspect(&c, *n, *json).await,
-        Command::Bench(BenchCommand::Pool {
-            n,
-            segments,
-            segment_secs,
-            json,
-        }) => bench::pool(&c, *n, *segments, *segment_secs, *json).await,
-        Command::Bench(BenchCommand::Confinement { profile, n, json }) => {
-            bench::confinement(&c, profile, *n, *json).await
-        }
-        Command::Bench(BenchCommand::Engine { n, json }) => bench::engine(&c, *n, *json).await,
-        Command::Bench(BenchCommand::Corpus { n, json }) => bench::corpus(&c, *n, *json).await,
-        Command::Bench(BenchCommand::Proxy {
-            n,
-            turns,
-            proxy,
-            mock_port,
-            json,
-        }) => bench::proxy(&c, *n, *turns, *proxy, *mock_port, *json).await,
-        Command::Bench(BenchCommand::Freeze { n, json }) => bench::freeze(*n, *json),
-        Command::Bench(BenchCommand::Image { n, base, json }) => {
-            bench::image(&c, base, *n, *json).await
-        }
-        Command::Eval(_) => unreachable!("handled above"),
+        Command::Bench(_) | Command::Eval(_) => unreachable!("run by their own programs"),
     }
 }

@@ -20,7 +20,7 @@ fn eval_quick_passes_its_assertions_and_leaves_nothing() {
     );
     let drums = env!("CARGO_BIN_EXE_drums");
     let dir = Path::new(drums).parent().unwrap();
-    for b in ["drumsd", "drums-init", "drums-guest"] {
+    for b in ["drums-eval", "drumsd", "drums-init", "drums-guest"] {
         assert!(
             dir.join(b).exists(),
             "{b} missing beside drums: build the workspace's binaries first (`make test` does)"

@@ -1,4 +1,4 @@
-//! A bench that fails halfway removes what it made (`crates/cli/src/bench/
+//! A bench that fails halfway removes what it made (`crates/bench/src/
 //! made.rs`). Each case arms one of drumsd's fault points, so that a bench
 //! fails after it has made sessions or checkpoints: at a dump while its
 //! source session runs, at a restore while its checkpoint is kept, at a

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use drums_api::Policy;
+use drums_bench::stats::percentile;
 use serde::Serialize;
 
 use crate::daemon::{Drumsd, Setup};
@@ -178,8 +179,8 @@ async fn one(
     Ok(DensityResult {
         sessions: n,
         probed,
-        exposed_p50: crate::report::percentile(&shares, 0.50),
-        exposed_p95: crate::report::percentile(&shares, 0.95),
+        exposed_p50: percentile(&shares, 50.0),
+        exposed_p95: percentile(&shares, 95.0),
         time_ratio: total(&selective) / total(&off).max(f64::MIN_POSITIVE),
         selective,
         off,

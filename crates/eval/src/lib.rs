@@ -1,5 +1,7 @@
 //! `drums eval`: the evaluation of selective checkpointing (docs/eval.md).
+//! `drums-eval` is its program; `drums eval` runs it.
 //!
+//! - `cli`: its command line;
 //! - `trace`: the trace format and the corpus compiled in;
 //! - `upstream`: the mock model, answering with a trace's tool calls;
 //! - `daemon`: one drumsd per worker, with the strategy's turn policy;
@@ -8,6 +10,7 @@
 //! - `density`: many sessions at once, against a checkpoint-free run;
 //! - `report`: results.json, summary.md; `plots`: the figures.
 
+pub mod cli;
 pub mod daemon;
 pub mod density;
 pub mod fault;
@@ -192,7 +195,8 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
         .prefix(&format!("drums-eval-{}-", daemon::tag()))
         .tempdir_in("/var/tmp")
         .map_err(|e| EvalError::io("create a work directory in", Path::new("/var/tmp"), e))?;
-    let mock = Arc::new(Mock::new(&corpus, opts.latency));
+    let scripts: Vec<_> = corpus.iter().map(upstream::script).collect();
+    let mock = Arc::new(Mock::new(&scripts, opts.latency));
     let upstream = upstream::serve(mock.clone())
         .await
         .map_err(|e| EvalError::io("serve the mock model on", Path::new("127.0.0.1"), e))?;

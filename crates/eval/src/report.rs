@@ -8,6 +8,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use drums_api::TurnClass;
+use drums_bench::stats::percentile;
 use serde_json::json;
 
 use crate::plots::{self, DensityPoint, Figures, StrategyBar};
@@ -23,15 +24,6 @@ pub const RESULTS_FORMAT: u32 = 1;
 pub struct Summary {
     pub markdown: String,
     pub failures: Vec<String>,
-}
-
-/// The `p` quantile (0..1) of sorted samples, nearest rank; NaN if none.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
 }
 
 /// Per strategy (and the agent inside, under selective), over its runs.
@@ -310,12 +302,12 @@ pub fn write(opts: &Options, corpus: &[Trace], o: &Outcome) -> Result<Summary, E
         md,
         "\n## Proxy overhead\n\nWhat an agent's request took beyond the model's time (as the mock measured it) and the release, over {} requests with no fault injected, each on a new connection: p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs. A session's first request ({} of them) starts its turns: p50 {:.0} µs, p95 {:.0} µs.",
         overhead.len(),
-        percentile(&overhead, 0.5),
-        percentile(&overhead, 0.95),
-        percentile(&overhead, 0.99),
+        percentile(&overhead, 50.0),
+        percentile(&overhead, 95.0),
+        percentile(&overhead, 99.0),
         first.len(),
-        percentile(&first, 0.5),
-        percentile(&first, 0.95),
+        percentile(&first, 50.0),
+        percentile(&first, 95.0),
     );
 
     // Targets.

@@ -237,7 +237,7 @@ async fn drive(
                 arm_hold(&h.client, &trace.turns[request - 1].class).await?;
             }
         }
-        let latency = mock.latency(trace, request);
+        let latency = mock.latency(&trace.name, request);
         // The session's name tells this run's requests from another's of
         // the same trace at the mock (which times them).
         let model = format!("{MODEL_PREFIX}{}@{name}", trace.name);
@@ -442,7 +442,7 @@ async fn drive_inside(cx: &mut Ctx<'_>, job: &Job<'_>, r: &mut RunResult) -> Res
                     continue;
                 };
                 fired[i] = true;
-                let latency = mock.latency(trace, e.turn);
+                let latency = mock.latency(&trace.name, e.turn);
                 let rec = inject(cx, job.faults[i], latency, true).await?;
                 r.faults.push(rec);
             }

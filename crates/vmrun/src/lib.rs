@@ -15,8 +15,7 @@ pub mod vmx;
 use std::path::PathBuf;
 
 use clap::Parser;
-use drums_cli::args::Global;
-use drums_cli::exit::Failure;
+use drums_client::{Failure, Global};
 
 use command::{Command, UsageError};
 use ops::{At, Ctx, OpError, Outcome, Vm};
@@ -95,7 +94,7 @@ pub async fn run(args: &[String]) -> Result<Outcome, Error> {
         &global.state_dir,
         std::env::var_os(registry::ENV).map(PathBuf::from),
     ));
-    let client = drums_cli::connect::client(&global)
+    let client = drums_client::connect::client(&global)
         .await
         .map_err(Error::Connect)?;
     let ctx = Ctx { client, registry };

@@ -5,11 +5,11 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use drums_api::exec::enc;
 use drums_api::{
     Checkpoint, CheckpointList, Client, ClientError, CreateCheckpoint, RestoreRequest,
     RestoreResult, Session, SessionList,
 };
-use drums_cli::commands::enc;
 use hyper::Method;
 
 use crate::registry::{Registry, RegistryError, RegistryFile, VmEntry};

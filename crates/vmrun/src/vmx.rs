@@ -128,7 +128,7 @@ pub fn parse(text: &str) -> Result<Spec, VmxError> {
     let mut limits = Limits::default();
     if let Some(m) = get("drums.memory") {
         limits.memory_bytes =
-            Some(drums_cli::args::parse_size(m).map_err(|e| invalid("drums.memory", m, &e))?);
+            Some(drums_client::parse_size(m).map_err(|e| invalid("drums.memory", m, &e))?);
     }
     if let Some(c) = get("drums.cpus") {
         limits.cpus = Some(

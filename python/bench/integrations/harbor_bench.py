@@ -143,7 +143,7 @@ class Podman:
         t0 = time.perf_counter()
         try:
             self.build()
-            # As podman works on this host (crates/cli/src/bench/image.rs):
+            # As podman works on this host (crates/bench/src/image.rs):
             # runc, no network, ulimits it may set without CAP_SYS_RESOURCE.
             self.run(
                 "--runtime", "runc", "run", "-d", "--name", name, "--network", "none",

@@ -42,7 +42,7 @@ pub fn bin_dir() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf();
-    for b in ["drums-init", "drums-guest", "drums"] {
+    for b in ["drums-init", "drums-guest", "drums", "drums-bench"] {
         assert!(
             d.join(b).exists(),
             "{} missing: build the workspace's binaries first (`make test` does)",

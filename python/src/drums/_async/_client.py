@@ -1,6 +1,6 @@
 """The connection to drumsd: one httpx client over its unix socket, kept for
 the client's life (one connection pool, the socket path resolved once), and
-the CLI's way of finding and autostarting the daemon (crates/cli/src/connect.rs).
+the CLI's way of finding and autostarting the daemon (crates/client/src/connect.rs).
 """
 
 from __future__ import annotations

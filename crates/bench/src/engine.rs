@@ -70,10 +70,11 @@ use futures::future::join_all;
 use hyper::Method;
 use serde_json::{json, Map, Value};
 
-use super::{create, percentile, progress, respawn, sh, turn_begin, Made};
-use crate::commands::enc;
+use super::{create, progress, respawn, sh, turn_begin, Made};
 use crate::exit::{self, Failure};
+use crate::stats::{p50_p95, paired};
 use crate::table;
+use drums_api::exec::enc;
 
 /// A server that keeps a counter in memory only: `inc` adds one. Started
 /// from `/` with no open file of the session's, so a files-only version may
@@ -670,18 +671,6 @@ async fn batch(
     Ok(out)
 }
 
-/// p50 and p95 of unsorted samples.
-fn stats(v: impl IntoIterator<Item = f64>) -> (f64, f64) {
-    let mut v: Vec<f64> = v.into_iter().collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 50.0), percentile(&v, 95.0))
-}
-
-/// The median over rounds of `a / b` in the same round.
-fn paired(a: &[f64], b: &[f64]) -> f64 {
-    stats(a.iter().zip(b).map(|(x, y)| x / y)).0
-}
-
 /// One row of the versions table: a measure of a kind, headless or desktop.
 struct Line {
     key: String,
@@ -881,7 +870,7 @@ fn to_json(n: usize, v: &Versions, q: &Queue) -> Value {
         if samples.is_empty() {
             return;
         }
-        let (p50, p95) = stats(samples.iter().copied());
+        let (p50, p95) = p50_p95(samples.iter().copied());
         out.insert(format!("{key}.p50"), json!(p50));
         out.insert(format!("{key}.p95"), json!(p95));
     };
@@ -954,7 +943,7 @@ fn print_tables(n: usize, v: &Versions, q: &Queue) {
     let rows: Vec<Vec<String>> = lines(v)
         .into_iter()
         .map(|l| {
-            let (p50, p95) = stats(l.secs.iter().copied());
+            let (p50, p95) = p50_p95(l.secs.iter().copied());
             let target = if l.target.is_empty() {
                 String::new()
             } else {
@@ -988,7 +977,7 @@ fn print_tables(n: usize, v: &Versions, q: &Queue) {
             if b.is_empty() {
                 return vec![what, "not taken".into(), String::new()];
             }
-            let (p50, p95) = stats(b);
+            let (p50, p95) = p50_p95(b);
             vec![what, size(p50), size(p95)]
         })
         .collect();
@@ -1007,8 +996,8 @@ fn print_tables(n: usize, v: &Versions, q: &Queue) {
     let rows: Vec<Vec<String>> = groups
         .iter()
         .map(|(_, size, promotion, group, s)| {
-            let (w50, w95) = stats(s.iter().map(|x| x.queued));
-            let (e50, e95) = stats(s.iter().map(|x| x.end));
+            let (w50, w95) = p50_p95(s.iter().map(|x| x.queued));
+            let (e50, e95) = p50_p95(s.iter().map(|x| x.end));
             let high = if *group == "promoted" {
                 format!(
                     "{}/{}",
@@ -1051,7 +1040,7 @@ fn print_tables(n: usize, v: &Versions, q: &Queue) {
             groups
                 .iter()
                 .find(|(_, k, _, gr, _)| *k == size && *gr == g)
-                .map(|(.., s)| stats(s.iter().map(|x| x.queued)).0)
+                .map(|(.., s)| p50_p95(s.iter().map(|x| x.queued)).0)
         };
         if let (Some(a), Some(b)) = (p50("promoted"), p50("unpromoted").filter(|&b| b > 0.0)) {
             println!(

@@ -16,9 +16,9 @@ use serde_json::json;
 
 use super::made::Made;
 use super::{percentile, sh};
-use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
+use drums_api::exec::enc;
 
 /// Workers getting sandboxes at once, and the pool's size.
 const WORKERS: usize = 4;

@@ -14,12 +14,13 @@ use drums_api::{Client, Session, TurnClass, TurnEffects};
 use hyper::Method;
 use serde_json::json;
 
-use super::{create, percentile, sh, turn_begin, Made};
-use crate::commands::enc;
+use super::{create, sh, turn_begin, Made};
 use crate::exit::{self, Failure};
+use crate::stats::{p50_p95, pct};
 use crate::table;
+use drums_api::exec::enc;
 
-const CORPUS: &str = include_str!("../../../inspect/corpus/turns.txt");
+const CORPUS: &str = include_str!("../../inspect/corpus/turns.txt");
 
 /// Turns of the corpus: (label, script). `#` starts a comment line.
 pub fn corpus() -> Result<Vec<(TurnClass, &'static str)>, String> {
@@ -95,25 +96,14 @@ struct Stats {
 }
 
 fn stats(rounds: Vec<f64>) -> Stats {
-    let mut v = rounds.clone();
-    v.sort_by(|a, b| a.total_cmp(b));
-    Stats {
-        p50: percentile(&v, 50.0),
-        p95: percentile(&v, 95.0),
-        rounds,
-    }
+    let (p50, p95) = p50_p95(rounds.iter().copied());
+    Stats { p50, p95, rounds }
 }
 
 /// The median over rounds of with/without within the same round: steadier
 /// than a ratio of medians when the machine's speed drifts during the run.
 fn paired(on: &Stats, off: &Stats) -> f64 {
-    let r: Vec<f64> = on
-        .rounds
-        .iter()
-        .zip(&off.rounds)
-        .map(|(a, b)| a / b)
-        .collect();
-    pct(&r, 50.0)
+    crate::stats::paired(&on.rounds, &off.rounds)
 }
 
 pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
@@ -194,12 +184,6 @@ pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure
     } else {
         exit::INTERNAL
     })
-}
-
-fn pct(v: &[f64], p: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    percentile(&v, p)
 }
 
 type Overhead = [(Stats, Stats); 2];

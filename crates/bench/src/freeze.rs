@@ -15,8 +15,8 @@ use drums_cgroup::{Cgroup, Devices, FreezeMethod, Limits};
 use drums_store::{Store, Written};
 use serde_json::json;
 
-use super::percentile;
 use crate::exit::{self, Failure};
+use crate::stats::p50_p95;
 use crate::table;
 
 const ARMS: [FreezeMethod; 2] = [FreezeMethod::V1, FreezeMethod::V2];
@@ -294,17 +294,9 @@ fn artifact(
 }
 
 fn report(samples: &[Samples; 2], n: usize, as_json: bool) {
-    let stats = |v: &[f64]| {
-        let mut s = v.to_vec();
-        s.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        (percentile(&s, 50.0), percentile(&s, 95.0))
-    };
+    let stats = |v: &[f64]| p50_p95(v.iter().copied());
     // Per-round ratio v2/v1: the noise of one moment hits both arms alike.
-    let paired = |a: &[f64], b: &[f64]| {
-        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        r.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        percentile(&r, 50.0)
-    };
+    let paired = crate::stats::paired;
     let [v1, v2] = samples;
     let rows: Vec<Row> = vec![
         (

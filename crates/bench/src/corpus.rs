@@ -13,12 +13,13 @@ use drums_api::{Client, CreateSession, Session};
 use serde_json::json;
 
 use super::made::Made;
-use super::{percentile, sh};
+use super::sh;
 use crate::exit::{self, Failure};
+use crate::stats::p50_p95;
 use crate::table;
 
 /// The corpus's workloads, as the test runs them.
-const WL: &str = include_str!("../../../daemon/tests/workloads/wl.py");
+const WL: &str = include_str!("../../daemon/tests/workloads/wl.py");
 
 /// The arms: no workload; the corpus's Python holding nothing (`idle`);
 /// then each of the corpus's workloads (`wl.py`'s names).
@@ -143,11 +144,7 @@ async fn rounds(m: &Made<'_>, n: usize, as_json: bool) -> Result<Vec<Samples>, F
 }
 
 fn report(samples: &[Samples], n: usize, as_json: bool) -> Result<i32, Failure> {
-    let stats = |v: &[f64]| {
-        let mut s = v.to_vec();
-        s.sort_by(f64::total_cmp);
-        (percentile(&s, 50.0), percentile(&s, 95.0))
-    };
+    let stats = |v: &[f64]| p50_p95(v.iter().copied());
     let plain = (
         stats(&samples[0].checkpoint).0,
         stats(&samples[0].restore).0,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use drums_api::{Client, Version};
 use hyper::Method;
 
-use crate::args::Global;
 use crate::exit::{Failure, UNAVAILABLE};
+use crate::Global;
 
 pub async fn client(g: &Global) -> Result<Client, Failure> {
     let socket = g

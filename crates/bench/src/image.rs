@@ -33,8 +33,9 @@ use tokio::process::Command;
 
 use self::layout::{Layer, Layout};
 use self::registry::{Registry, REGISTRY_BIN};
-use super::{percentile, progress, Made};
+use super::{progress, Made};
 use crate::exit::{self, Failure};
+use crate::stats::p50_p95;
 use crate::table;
 
 /// Images in the disk phase, each the base plus a layer of its own.
@@ -79,8 +80,7 @@ pub async fn image(c: &Client, base: &Path, n: usize, as_json: bool) -> Result<i
     }
     let v: Version = c.json(Method::GET, "/v1/version", None::<&()>).await?;
     let tools = Tools {
-        drums: std::env::current_exe()
-            .map_err(|e| Failure::new(exit::INTERNAL, format!("find this drums binary: {e}")))?,
+        drums: drums_beside()?,
         socket: c.socket().to_owned(),
     };
     let m = Made::new(c);
@@ -141,7 +141,7 @@ impl Arms {
     fn json(&self, prefix: &str, baseline: &str, out: &mut Map<String, Value>) {
         let base = self.get(baseline);
         for (key, v) in &self.0 {
-            let (p50, p95) = p50_p95(v);
+            let (p50, p95) = p50_p95(v.iter().copied());
             out.insert(format!("{prefix}.{key}.p50"), json!(p50));
             out.insert(format!("{prefix}.{key}.p95"), json!(p95));
             out.insert(format!("{prefix}.{key}.samples"), json!(v));
@@ -149,11 +149,11 @@ impl Arms {
                 let paired: Vec<f64> = v.iter().zip(base).map(|(a, b)| a / b).collect();
                 out.insert(
                     format!("{prefix}.{key}.ratio"),
-                    json!(p50 / p50_p95(base).0),
+                    json!(p50 / p50_p95(base.iter().copied()).0),
                 );
                 out.insert(
                     format!("{prefix}.{key}.paired_ratio"),
-                    json!(p50_p95(&paired).0),
+                    json!(p50_p95(paired.iter().copied()).0),
                 );
             }
         }
@@ -161,9 +161,9 @@ impl Arms {
 
     /// A table row: label, p50, p95, and p50 against `baseline`'s.
     fn row(&self, label: &str, key: &str, baseline: Option<&str>, unit: Unit) -> Vec<String> {
-        let (p50, p95) = p50_p95(self.get(key));
+        let (p50, p95) = p50_p95(self.get(key).iter().copied());
         let ratio = baseline
-            .map(|b| format!("{:.2}x", p50 / p50_p95(self.get(b)).0))
+            .map(|b| format!("{:.2}x", p50 / p50_p95(self.get(b).iter().copied()).0))
             .unwrap_or_default();
         vec![label.into(), unit.show(p50), unit.show(p95), ratio]
     }
@@ -184,10 +184,16 @@ impl Unit {
     }
 }
 
-fn p50_p95(v: &[f64]) -> (f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    (percentile(&s, 50.0), percentile(&s, 95.0))
+/// The `drums` the pulls and imports are timed through: the one beside this
+/// program, as `drums bench` runs it, else `drums` on PATH.
+fn drums_beside() -> Result<PathBuf, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("find this program's path: {e}")))?;
+    Ok(exe
+        .parent()
+        .map(|d| d.join("drums"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("drums")))
 }
 
 /// The disk phase's measurements.

@@ -1,12 +1,19 @@
 //! `drums bench …`: benchmarks as code. Each prints the same table every time
 //! (or JSON with stable keys), measured end to end through the API as a user
-//! would see it.
+//! would see it. `drums-bench` is its program; `drums bench` runs it.
+//!
+//! Also the library the evaluation shares: [`stats`], and the mock model
+//! ([`mock`]).
 
 use std::time::Instant;
 
 use drums_api::{Client, CreateSession, Session};
 use hyper::Method;
 use serde_json::json;
+
+pub mod args;
+pub mod mock;
+pub mod stats;
 
 mod confinement;
 mod corpus;
@@ -30,29 +37,43 @@ pub use image::image;
 pub use inspect::inspect;
 pub use proxy::proxy;
 
-use crate::commands::enc;
-use crate::exit::{self, Failure};
-use crate::table;
+use drums_api::exec::enc;
+use drums_client::{exit, table, Failure, Global};
 
-/// Nearest-rank percentile of sorted samples.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+use args::BenchCommand;
+use stats::{percentile, slope};
+
+/// Run one bench: each but `freeze` through the drumsd that `g` names
+/// (started if none answers, as `drums` starts it).
+pub async fn run(g: &Global, cmd: &BenchCommand) -> Result<i32, Failure> {
+    if let BenchCommand::Freeze { n, json } = cmd {
+        // A host mechanism, measured in-process: no daemon involved.
+        return freeze(*n, *json);
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// Least-squares slope of y over x.
-pub fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let num: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    let den: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    num / den
+    let c = drums_client::connect::client(g).await?;
+    match cmd {
+        BenchCommand::Start { profile, n, json } => start(&c, profile, *n, *json).await,
+        BenchCommand::Restore { profile, n, json } => restore(&c, profile, *n, *json).await,
+        BenchCommand::Inspect { n, json } => inspect(&c, *n, *json).await,
+        BenchCommand::Pool {
+            n,
+            segments,
+            segment_secs,
+            json,
+        } => pool(&c, *n, *segments, *segment_secs, *json).await,
+        BenchCommand::Confinement { profile, n, json } => confinement(&c, profile, *n, *json).await,
+        BenchCommand::Engine { n, json } => engine(&c, *n, *json).await,
+        BenchCommand::Corpus { n, json } => corpus(&c, *n, *json).await,
+        BenchCommand::Proxy {
+            n,
+            turns,
+            proxy: at,
+            mock_port,
+            json,
+        } => proxy(&c, *n, *turns, *at, *mock_port, *json).await,
+        BenchCommand::Freeze { .. } => unreachable!("run above"),
+        BenchCommand::Image { n, base, json } => image(&c, base, *n, *json).await,
+    }
 }
 
 /// Host memory in use: MemTotal - MemAvailable, in MiB.
@@ -258,7 +279,7 @@ async fn sh(c: &Client, s: &Session, script: &str) -> Result<String, Failure> {
         ..Default::default()
     };
     let (mut o, mut e) = (Vec::new(), Vec::new());
-    let code = crate::commands::run_exec(c, &s.id, &req, &mut o, &mut e).await?;
+    let code = drums_client::exec::run_exec(c, &s.id, &req, &mut o, &mut e).await?;
     if code != 0 {
         return Err(Failure::new(
             exit::INTERNAL,
@@ -601,18 +622,4 @@ async fn turn_begin(c: &Client, s: &Session) -> Result<(), Failure> {
     )
     .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stats() {
-        let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
-        assert_eq!(percentile(&v, 50.0), 5.0);
-        assert_eq!(percentile(&v, 95.0), 10.0);
-        assert_eq!(percentile(&[3.0], 95.0), 3.0);
-        assert!((slope(&[(0.0, 10.0), (1.0, 12.0), (4.0, 18.0), (8.0, 26.0)]) - 2.0).abs() < 1e-9);
-    }
 }

@@ -7,8 +7,9 @@
 use drums_api::{Client, CreateSession, Session};
 use serde_json::json;
 
-use super::{percentile, restore_n, sh, wait_port, Made, WORKLOAD};
+use super::{restore_n, sh, wait_port, Made, WORKLOAD};
 use crate::exit::{self, Failure};
+use crate::stats::p50_p95;
 use crate::table;
 
 /// One table row: what, (p50, p95) hardened, (p50, p95) privileged, and the
@@ -121,18 +122,10 @@ async fn confinement_in(
         m.delete_checkpoint(ck).await?;
     }
 
-    let stats = |v: &[f64]| {
-        let mut s = v.to_vec();
-        s.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        (percentile(&s, 50.0), percentile(&s, 95.0))
-    };
+    let stats = |v: &[f64]| p50_p95(v.iter().copied());
     // Per-round ratio hardened/privileged: the noise of one moment hits both
     // arms of a round alike.
-    let paired = |a: &[f64], b: &[f64]| {
-        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        r.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        percentile(&r, 50.0)
-    };
+    let paired = crate::stats::paired;
     let rows: Vec<Row> = vec![
         (
             "start (create to ready)",

@@ -40,9 +40,9 @@ use serde_json::{json, Map, Value};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{create, percentile, sh, Made};
-use crate::commands::enc;
 use crate::exit::{self, Failure};
 use crate::table;
+use drums_api::exec::enc;
 
 /// The mock's marker header: the proxy's answer carries it only if drumsd
 /// sends OpenAI requests to this bench's mock.
@@ -371,15 +371,7 @@ async fn start_mock(port: u16) -> Result<SocketAddr, Failure> {
         )
     })?;
     let at = l.local_addr().expect("bound");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let _ = s.set_nodelay(true);
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), hyper::service::service_fn(answer)),
-            );
-        }
-    });
+    crate::mock::spawn_server(l, answer);
     Ok(at)
 }
 

@@ -20,8 +20,8 @@ use drums_api::{
 };
 use hyper::Method;
 
-use crate::commands::enc;
 use crate::exit::Failure;
+use drums_api::exec::enc;
 
 pub(crate) struct Made<'c> {
     c: &'c Client,
