@@ -48,6 +48,8 @@ cli_lines=$(git ls-files -- 'crates/cli/src/*.rs' | xargs cat | wc -l)
 bench_lines=$( (git ls-files -- 'crates/cli/src/bench.rs' 'crates/cli/src/bench/*.rs' | xargs -r cat) | wc -l)
 echo "cli_lines $cli_lines"
 echo "cli_bench_lines $bench_lines"
+cli_deps=$(awk '/^\[dependencies\]/{on=1; next} /^\[/{on=0} on && /^drums-/{sub(/[ .=].*/, ""); printf "%s ", $0}' crates/cli/Cargo.toml)
+echo "cli_drums_dependencies ${cli_deps:-none}"
 
 # 5. Closed sets compared as string literals: session, version and job
 # states, profile, network, egress, policy, turn class, what a version took.

@@ -31,7 +31,10 @@ pub fn exec(program: &str, g: &Global, args: &[OsString]) -> Failure {
     cmd.args(args);
     let e = cmd.exec();
     let message = if e.kind() == std::io::ErrorKind::NotFound {
-        format!("{program} is neither beside drums nor on PATH: {e}")
+        format!(
+            "{program} is neither beside drums nor on PATH ({e}); `make test` builds it, or `cargo build --release -p {}`",
+            if program == "drums-bench" { "drums-bench" } else { "drums-eval" }
+        )
     } else {
         format!("run {}: {e}", path.display())
     };
