@@ -10,8 +10,9 @@
 # A_BIN_DIR and B_BIN_DIR hold drums, drumsd, drums-init and drums-guest (and
 # drums-bench where the CLI execs it) of the two builds; default benches:
 # start restore restore-desktop engine proxy, 3 rounds. Needs root and
-# what scripts/setup.sh makes. Prints the table to stdout; the raw JSON stays
-# in the work directory it names.
+# what scripts/setup.sh makes. Prints the table to stdout; the raw JSON is
+# removed with the work directory unless BENCH_AB_KEEP=1 (a failure keeps
+# it, with the daemons' logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,10 @@ die() { log "FAILED: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (namespaces, mounts, cgroups)"
 
 work=$(mktemp -d -t drums-bench-ab.XXXXXX)
+# Each drumsd installs the binaries sessions run beside its state directory
+# (STATE-bin), which the sessions' id ranges must reach: mktemp's 0700
+# would keep them out.
+chmod 0755 "$work"
 declare -a state bridge cgp proxy mock
 for a in 0 1; do
   state[a]=$work/arm$a
@@ -98,7 +103,11 @@ finish() {
     log "FAILED: left on the host:"; echo "$left" >&2; rc=1
   fi
   rm -rf "${state[0]}-bin" "${state[1]}-bin"
-  [ "$rc" = 0 ] || log "logs kept in $work"
+  if [ "$rc" != 0 ] || [ "${BENCH_AB_KEEP:-0}" = 1 ]; then
+    log "kept: $work"
+  else
+    rm -rf "$work"
+  fi
   exit "$rc"
 }
 trap finish EXIT
@@ -168,5 +177,5 @@ for b in benches:
         a = statistics.median(x[k] for x in arms[0])
         bb = statistics.median(x[k] for x in arms[1])
         ratio = f"{bb / a:.2f}" if a else "-"
-        print(f"| {b} | {k} | {a:.2f} | {bb:.2f} | {ratio} |")
+        print(f"| {b} | {k} | {a:.4g} | {bb:.4g} | {ratio} |")
 PY
