@@ -31,9 +31,9 @@ pub fn exec(program: &str, g: &Global, args: &[OsString]) -> Failure {
     cmd.args(args);
     let e = cmd.exec();
     let message = if e.kind() == std::io::ErrorKind::NotFound {
+        // Each program is the one binary of the package of its name.
         format!(
-            "{program} is neither beside drums nor on PATH ({e}); `make test` builds it, or `cargo build --release -p {}`",
-            if program == "drums-bench" { "drums-bench" } else { "drums-eval" }
+            "{program} is neither beside drums nor on PATH ({e}); `make test` builds it, or `cargo build --release -p {program}`"
         )
     } else {
         format!("run {}: {e}", path.display())
