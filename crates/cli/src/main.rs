@@ -17,24 +17,7 @@ fn main() {
         eprintln!("drums: {}", f.message);
         std::process::exit(f.code);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let rt = match rt {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drums: start the async runtime: {e}");
-            std::process::exit(drums_cli::exit::INTERNAL);
-        }
-    };
-    let code = match rt.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(f) => {
-            eprintln!("drums: {}", f.message);
-            f.code
-        }
-    };
-    std::process::exit(code);
+    drums_cli::exit::run_main(false, run(cli))
 }
 
 async fn run(cli: Cli) -> Result<i32, drums_cli::exit::Failure> {

@@ -74,3 +74,36 @@ impl From<anyhow::Error> for Failure {
         }
     }
 }
+
+/// How a client program's `main` ends: `work` run on a tokio runtime (every
+/// core if `multi_thread`, else this thread alone), then the process exits
+/// with its code, or prints its failure and exits with the failure's code.
+/// One place for drums, drums-bench and drums-eval.
+pub fn run_main<F>(multi_thread: bool, work: F) -> !
+where
+    F: std::future::Future<Output = Result<i32, Failure>>,
+{
+    let rt = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let code = match rt {
+        Err(e) => {
+            eprintln!("drums: start the async runtime: {e}");
+            INTERNAL
+        }
+        Ok(rt) => match rt.block_on(work) {
+            Ok(code) => code,
+            Err(f) => {
+                eprintln!("drums: {}", f.message);
+                f.code
+            }
+        },
+    };
+    std::process::exit(code)
+}

@@ -7,22 +7,5 @@ fn main() {
     let cli = Cli::parse();
     // The evaluation drives many agents, daemons and a mock model at once:
     // it gets every core.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drums: start the async runtime: {e}");
-            std::process::exit(drums_client::exit::INTERNAL);
-        }
-    };
-    let code = match rt.block_on(drums_eval::cli::run(&cli.global, &cli.args)) {
-        Ok(code) => code,
-        Err(f) => {
-            eprintln!("drums: {}", f.message);
-            f.code
-        }
-    };
-    std::process::exit(code);
+    drums_client::exit::run_main(true, drums_eval::cli::run(&cli.global, &cli.args))
 }
