@@ -639,7 +639,7 @@ async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Resul
             "fault injection is off (start drumsd with --enable-fault-injection)",
         ));
     }
-    m.faults.arm_hold(f.point, f.hold)?;
+    m.faults().arm_hold(f.point, f.hold)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -62,25 +62,32 @@ pub type ExportStream = mpsc::Receiver<Result<Bytes, std::io::Error>>;
 impl Manager {
     /// This host's signing key, made at first use in `STATE/keys`.
     pub fn host_key(&self) -> Result<HostKey, SessionError> {
-        Ok(HostKey::load_or_create(&self.cfg.state_dir.join("keys"))?)
+        Ok(HostKey::load_or_create(
+            &self.host.cfg.state_dir.join("keys"),
+        )?)
     }
 
     /// `STATE/trusted-keys`: whose archives an import accepts.
     pub fn trusted_keys_file(&self) -> PathBuf {
-        self.cfg.state_dir.join("trusted-keys")
+        self.host.cfg.state_dir.join("trusted-keys")
     }
 
     /// Start writing the signed archive of a published checkpoint.
     pub fn export(&self, id_or_name: &str) -> Result<ExportStream, SessionError> {
         let (ck, m) = self.manifest(id_or_name)?;
         let key = self.host_key()?;
-        let dir = self.checkpoint_dir(&ck.id);
+        let dir = self.host.checkpoint_dir(&ck.id);
         // A selective version's artifacts may be an earlier version's: the
         // archive holds them all, and an import makes it a full checkpoint.
         let process_of = crate::restore::process_artifact(&m)?;
-        let images_dir = self.checkpoint_dir(process_of);
-        let snap = self.checkpoint_snapshot(m.files_of());
-        let fault = self.faults.check("export.tar").err().map(|e| e.to_string());
+        let images_dir = self.host.checkpoint_dir(process_of);
+        let snap = self.host.checkpoint_snapshot(m.files_of());
+        let fault = self
+            .host
+            .faults
+            .check("export.tar")
+            .err()
+            .map(|e| e.to_string());
         let mut child = std::process::Command::new("tar")
             .arg("--create")
             .arg("--file=-")
@@ -142,9 +149,10 @@ impl Manager {
         // between its validation and its extraction.
         let token = random_hex(6);
         let owner = format!("import:{token}");
-        let parent = self.store_root.join("checkpoints");
+        let parent = self.host.store_root.join("checkpoints");
         let staging = parent.join(format!(".import-{token}"));
-        self.catalog
+        self.host
+            .catalog
             .record(&owner, ResourceKind::Dir, &staging.display().to_string())?;
         let result = async {
             std::fs::create_dir_all(&parent).map_err(io("create", &parent))?;
@@ -176,12 +184,13 @@ impl Manager {
             // extracted.
             check_manifest(&m)?;
             self.check_usable_here(&m)?;
-            if self.catalog.version(&m.name)?.is_some() {
+            if self.host.catalog.version(&m.name)?.is_some() {
                 return Err(CatalogError::CheckpointNameTaken(m.name.clone()).into());
             }
 
             let fs = staging.join("fs");
-            self.catalog
+            self.host
+                .catalog
                 .record(&owner, ResourceKind::Subvolume, &fs.display().to_string())?;
             // In the sessions' qgroup: an archive's fs/ counts against what
             // sessions may hold, so an import cannot eat drumsd's reserve.
@@ -197,7 +206,7 @@ impl Manager {
             self.publish_import(&staging, m).await
         }
         .await;
-        if let Err(t) = teardown::remove_owned(self, &owner).await {
+        if let Err(t) = teardown::remove_owned(&self.host, &owner).await {
             warn!("clean up import staging: {}", crate::error_chain(&t));
         }
         result
@@ -232,11 +241,12 @@ impl Manager {
             files_of: None,
             process_of: None,
         };
-        self.catalog.insert_version(&ck)?;
+        self.host.catalog.insert_version(&ck)?;
         let owner = format!("ckpt:{id}");
         let result = async {
-            let dir = self.checkpoint_dir(&id);
-            self.catalog
+            let dir = self.host.checkpoint_dir(&id);
+            self.host
+                .catalog
                 .record(&owner, ResourceKind::Dir, &dir.display().to_string())?;
             let dst = dir.join("images");
             std::fs::create_dir_all(&dst).map_err(io("create", &dst))?;
@@ -251,9 +261,12 @@ impl Manager {
             })
             .await
             .expect("no panic")?;
-            let snap = self.checkpoint_snapshot(&id);
-            self.catalog
-                .record(&owner, ResourceKind::Subvolume, &snap.display().to_string())?;
+            let snap = self.host.checkpoint_snapshot(&id);
+            self.host.catalog.record(
+                &owner,
+                ResourceKind::Subvolume,
+                &snap.display().to_string(),
+            )?;
             drums_store::snapshot_with(
                 &staging.join("fs"),
                 &snap,
@@ -262,7 +275,7 @@ impl Manager {
             )?;
             m.write(&dir)?;
             drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
-            self.catalog.publish_version(
+            self.host.catalog.publish_version(
                 &id,
                 &serde_json::to_value(&m).expect("manifest serializes"),
                 &id,
@@ -273,10 +286,10 @@ impl Manager {
         }
         .await;
         if result.is_err() {
-            if let Err(t) = teardown::remove_owned(self, &owner).await {
+            if let Err(t) = teardown::remove_owned(&self.host, &owner).await {
                 warn!("clean up failed import {id}: {}", crate::error_chain(&t));
             } else {
-                self.catalog.delete_version(&id)?;
+                self.host.catalog.delete_version(&id)?;
             }
         }
         result
@@ -288,18 +301,23 @@ impl Manager {
     /// so a checkpoint that could never be restored here is refused before
     /// anything is written, as a bad archive (400), not kept to fail later.
     fn check_usable_here(&self, m: &Manifest) -> Result<(), SessionError> {
-        m.host.check_restorable_on(&self.host).map_err(|e| {
-            SessionError::Invalid(format!(
-                "the archive cannot be restored on this host: {}",
-                crate::error_chain(&e)
-            ))
-        })?;
-        self.limits.from_manifest(&m.session.limits).map_err(|e| {
-            SessionError::Invalid(format!(
-                "the archive's manifest has limits this host refuses: {}",
-                crate::error_chain(&e)
-            ))
-        })?;
+        m.host
+            .check_restorable_on(&self.host.fingerprint)
+            .map_err(|e| {
+                SessionError::Invalid(format!(
+                    "the archive cannot be restored on this host: {}",
+                    crate::error_chain(&e)
+                ))
+            })?;
+        self.host
+            .limits
+            .from_manifest(&m.session.limits)
+            .map_err(|e| {
+                SessionError::Invalid(format!(
+                    "the archive's manifest has limits this host refuses: {}",
+                    crate::error_chain(&e)
+                ))
+            })?;
         match self.resolve_image(&m.session.image) {
             Ok(_) => Ok(()),
             Err(SessionError::ImageNotFound(n)) => Err(SessionError::Invalid(format!(
@@ -332,7 +350,7 @@ impl Manager {
                 .open(spool)
                 .map_err(io("create", spool))?,
         );
-        let room = crate::manager::import_room(&self.cfg, &self.store_root)?;
+        let room = crate::host::import_room(&self.host.cfg, &self.host.store_root)?;
         let mut spooled = 0u64;
         while let Some(chunk) = body.next().await {
             let chunk =

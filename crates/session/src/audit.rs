@@ -178,7 +178,7 @@ impl Manager {
         &self,
         id: &str,
     ) -> Result<(drums_catalog::SessionRecord, Holdings), SessionError> {
-        let rec = self.record(id)?;
+        let rec = self.host.record(id)?;
         let init = rec
             .init_pid
             .filter(|_| rec.state == "running")
@@ -186,7 +186,7 @@ impl Manager {
                 name: rec.name.clone(),
                 state: rec.state.clone(),
             })?;
-        let pids = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id).pids()?;
+        let pids = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id).pids()?;
         let h = tokio::task::spawn_blocking(move || holdings(pids, init))
             .await
             .expect("no panic");

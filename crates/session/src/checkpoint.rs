@@ -143,14 +143,6 @@ const DUMP_ATTEMPTS: u32 = 3;
 const NETLINK_BUSY: &str = "The socket has data to read";
 
 impl Manager {
-    pub(crate) fn checkpoint_dir(&self, id: &str) -> PathBuf {
-        self.cfg.state_dir.join("checkpoints").join(id)
-    }
-
-    pub(crate) fn checkpoint_snapshot(&self, id: &str) -> PathBuf {
-        self.store_root.join("checkpoints").join(id)
-    }
-
     /// `drums checkpoint`: a full version of the session that a person
     /// pinned (and named), taken by the engine like every version, at high
     /// priority since the caller waits for it.
@@ -158,7 +150,7 @@ impl Manager {
         self: &std::sync::Arc<Self>,
         req: &CreateCheckpoint,
     ) -> Result<Checkpoint, SessionError> {
-        let (rec, _) = self.running(&req.session)?;
+        let (rec, _) = self.host.running(&req.session)?;
         if let Some(n) = &req.name {
             validate_name_of("checkpoint", n)?;
         }
@@ -213,22 +205,26 @@ impl Manager {
         plan: Plan,
     ) -> Result<Manifest, SessionError> {
         let started = Instant::now();
-        self.faults.check("checkpoint.dir")?;
-        let dir = self.checkpoint_dir(&ver.id);
-        self.catalog
+        self.host.faults.check("checkpoint.dir")?;
+        let dir = self.host.checkpoint_dir(&ver.id);
+        self.host
+            .catalog
             .record(owner, ResourceKind::Dir, &dir.display().to_string())?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images).map_err(io("create", &images))?;
-        let snap = self.checkpoint_snapshot(&ver.id);
+        let snap = self.host.checkpoint_snapshot(&ver.id);
         std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
         let mut info = plan.info;
         info.took = plan.took;
         let (report, files_cost) = match plan.took {
             Took::Files => {
                 // Recorded before it is made, like every subvolume.
-                self.catalog
-                    .record(owner, ResourceKind::Subvolume, &snap.display().to_string())?;
-                self.faults.check("checkpoint.snapshot")?;
+                self.host.catalog.record(
+                    owner,
+                    ResourceKind::Subvolume,
+                    &snap.display().to_string(),
+                )?;
+                self.host.faults.check("checkpoint.snapshot")?;
                 let mut cost = self.files_artifact(rec, &snap).await?;
                 cost.bytes = self.files_bytes(&snap, plan.head.as_ref());
                 (None, Some(cost))
@@ -236,7 +232,7 @@ impl Manager {
             Took::Full | Took::Process => {
                 let full = plan.took == Took::Full;
                 if full {
-                    self.catalog.record(
+                    self.host.catalog.record(
                         owner,
                         ResourceKind::Subvolume,
                         &snap.display().to_string(),
@@ -256,8 +252,8 @@ impl Manager {
                 (Some(report), None)
             }
         };
-        self.catalog.set_version_state(&ver.id, "versioning")?;
-        self.faults.hold("version.manifest").await;
+        self.host.catalog.set_version_state(&ver.id, "versioning")?;
+        self.host.faults.hold("version.manifest").await;
         self.engine_faults()?;
         let head = plan.head.as_ref();
         let (images_list, frozen_ms, dump_ms) = match &report {
@@ -337,7 +333,7 @@ impl Manager {
                 privileged: rec.privileged,
                 user_namespace: rec.id_base.is_some(),
             },
-            host: self.host.clone(),
+            host: self.host.fingerprint.clone(),
             clean: plan.clean,
             leave_running: plan.leave_running,
             images: images_list,
@@ -356,14 +352,16 @@ impl Manager {
     /// one). Metadata is not counted; a failure to count counts nothing.
     fn files_bytes(&self, snap: &std::path::Path, head: Option<&Manifest>) -> u64 {
         let since = head
-            .and_then(|h| drums_store::subvolume_info(&self.checkpoint_snapshot(h.files_of())).ok())
+            .and_then(|h| {
+                drums_store::subvolume_info(&self.host.checkpoint_snapshot(h.files_of())).ok()
+            })
             .map_or(0, |i| i.created);
         drums_store::written_since(snap, since).map_or(0, |w| w.bytes)
     }
 
     /// The fault point between the artifacts and the manifest.
     fn engine_faults(&self) -> Result<(), SessionError> {
-        self.faults.check("version.manifest")
+        self.host.faults.check("version.manifest")
     }
 
     /// A read-only snapshot of the session's subvolume, taken while its
@@ -374,8 +372,8 @@ impl Manager {
         rec: &drums_catalog::SessionRecord,
         snap: &std::path::Path,
     ) -> Result<ArtifactCost, SessionError> {
-        let upper = self.store_root.join("sessions").join(&rec.id);
-        let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        let upper = self.host.store_root.join("sessions").join(&rec.id);
+        let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
         let target = snap.to_owned();
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
@@ -409,10 +407,11 @@ impl Manager {
         snap: Option<&std::path::Path>,
         leave_running: bool,
     ) -> Result<(DumpReport, Vec<String>), SessionError> {
-        let upper = self.store_root.join("sessions").join(&rec.id);
-        self.faults.hold("checkpoint.criu").await;
-        self.faults.check("checkpoint.criu")?;
+        let upper = self.host.store_root.join("sessions").join(&rec.id);
+        self.host.faults.hold("checkpoint.criu").await;
+        self.host.faults.check("checkpoint.criu")?;
         let snapshot_fault = self
+            .host
             .faults
             .check("checkpoint.snapshot")
             .err()
@@ -430,7 +429,7 @@ impl Manager {
             // Decided per attempt, below.
             tcp_established: false,
         };
-        let cg = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id);
+        let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
         // The root's layers, where watched inodes are looked up.
         let layers = vec![upper.join("upper"), self.resolve_image(&rec.image)?.rootfs];
         let started = Instant::now();
@@ -450,7 +449,7 @@ impl Manager {
             })
             .await
             .expect("no panic")?;
-            let (criu, mut opts) = (self.criu.clone(), opts.clone());
+            let (criu, mut opts) = (self.host.criu.clone(), opts.clone());
             // A connection with both ends in the session (loopback) comes
             // back whole, in any sibling: its addresses are the session's
             // own. One with a peer outside cannot (a sibling has another
@@ -566,7 +565,7 @@ impl Manager {
     /// Published checkpoints (pinned versions), oldest first.
     pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, SessionError> {
         let mut out = Vec::new();
-        for c in self.catalog.versions()? {
+        for c in self.host.catalog.versions()? {
             if c.state == "done" && c.pinned {
                 if let Ok(m) = serde_json::from_value::<Manifest>(c.manifest) {
                     out.push(to_api(&m));
@@ -587,11 +586,12 @@ impl Manager {
         id_or_name: &str,
     ) -> Result<(VersionRecord, Manifest), SessionError> {
         let ck = self
+            .host
             .catalog
             .version(id_or_name)?
             .filter(|c| c.state == "done")
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
-        let m = Manifest::read(&self.checkpoint_dir(&ck.id))?;
+        let m = Manifest::read(&self.host.checkpoint_dir(&ck.id))?;
         Ok((ck, m))
     }
 
@@ -599,6 +599,7 @@ impl Manager {
     /// version of its session still uses them.
     pub async fn remove_checkpoint(&self, id_or_name: &str) -> Result<(), SessionError> {
         let ck = self
+            .host
             .catalog
             .version(id_or_name)?
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
@@ -608,7 +609,7 @@ impl Manager {
                 ck.name, ck.state
             )));
         }
-        let pools = self.catalog.pools_of_checkpoint(&ck.id)?;
+        let pools = self.host.catalog.pools_of_checkpoint(&ck.id)?;
         if !pools.is_empty() {
             return Err(SessionError::Conflict(format!(
                 "checkpoint {} is what warm pool(s) {} restore; remove them first (drums pool rm)",
@@ -616,7 +617,7 @@ impl Manager {
                 pools.join(", ")
             )));
         }
-        self.catalog.set_version_state(&ck.id, "removing")?;
+        self.host.catalog.set_version_state(&ck.id, "removing")?;
         self.drop_version(&ck).await
     }
 }

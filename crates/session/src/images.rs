@@ -53,7 +53,7 @@ pub enum PullEvent {
 
 impl Manager {
     pub fn oci(&self) -> &OciStore {
-        &self.oci
+        &self.host.oci
     }
 
     /// The image `what` names: a drums image's name first (they cannot look
@@ -62,7 +62,7 @@ impl Manager {
     /// `docker.io/library/alpine:latest`), then an id or a prefix of one.
     pub fn resolve_image(&self, what: &str) -> Result<ResolvedImage, SessionError> {
         if drums_image::validate_name(what).is_ok() {
-            match self.images.get(what) {
+            match self.host.images.get(what) {
                 Ok(i) => {
                     return Ok(ResolvedImage {
                         key: i.name.clone(),
@@ -84,7 +84,7 @@ impl Manager {
             ))
         })?;
         Ok(ResolvedImage {
-            rootfs: self.oci.rootfs(&row)?,
+            rootfs: self.host.oci.rootfs(&row)?,
             key: row.id,
             desktop: false,
             oci: Some(config),
@@ -94,12 +94,12 @@ impl Manager {
     /// The OCI image `what` names (a reference, normalised or as stored, or
     /// an id).
     pub fn oci_image(&self, what: &str) -> Result<ImageRow, SessionError> {
-        match self.oci.resolve(what) {
+        match self.host.oci.resolve(what) {
             Err(drums_oci::StoreOpError::NotFound(_)) => {}
             r => return Ok(r?),
         }
         match drums_oci::normalize_reference(what) {
-            Some(n) if n != what => Ok(self.oci.resolve(&n).map_err(|e| match e {
+            Some(n) if n != what => Ok(self.host.oci.resolve(&n).map_err(|e| match e {
                 drums_oci::StoreOpError::NotFound(_) => {
                     SessionError::ImageNotFound(what.to_string())
                 }
@@ -132,7 +132,7 @@ impl Manager {
         let name = Self::image_name(name)?;
         let row = match self.oci_image(what) {
             Err(SessionError::ImageNotFound(_) | SessionError::Invalid(_))
-                if drums_image::validate_name(what).is_ok() && self.images.get(what).is_ok() =>
+                if drums_image::validate_name(what).is_ok() && self.host.images.get(what).is_ok() =>
             {
                 return Err(SessionError::Invalid(format!(
                     "{what:?} is a drums image, not an OCI image: only OCI images (pulled, imported, built) can be tagged"
@@ -140,7 +140,7 @@ impl Manager {
             }
             r => r?,
         };
-        Ok(self.oci.tag(&row.id, &name)?)
+        Ok(self.host.oci.tag(&row.id, &name)?)
     }
 
     /// Pull `reference` from its registry into the store. Layers already
@@ -152,7 +152,7 @@ impl Manager {
         events: tokio::sync::mpsc::UnboundedSender<PullEvent>,
     ) -> Result<ImageRow, SessionError> {
         let registry = drums_oci::registry_of(reference);
-        if let Some(allowed) = &self.cfg.allowed_registries {
+        if let Some(allowed) = &self.host.cfg.allowed_registries {
             if !allowed.contains(&registry) {
                 return Err(SessionError::Invalid(format!(
                     "registry {registry} is not one drumsd may pull from (--allowed-registries {})",
@@ -172,10 +172,10 @@ impl Manager {
         // Every blob to fetch is charged before the first is: what a
         // manifest declares is what the download may write (fetch_layer
         // refuses a byte more).
-        let room = crate::manager::StoreRoom::new(&self.cfg, &self.store_root);
+        let room = crate::host::StoreRoom::new(&self.host.cfg, &self.host.store_root);
         let mut need = 0u64;
         for (i, l) in image.layers.iter().enumerate() {
-            if !self.oci.has_layer(&chains[i])? {
+            if !self.host.oci.has_layer(&chains[i])? {
                 need = need.saturating_add(l.size);
             }
         }
@@ -187,11 +187,11 @@ impl Manager {
                 room: left,
             });
         }
-        let staging = self.oci.staging_dir()?;
-        self.faults.check("image.fetch")?;
+        let staging = self.host.oci.staging_dir()?;
+        self.host.faults.check("image.fetch")?;
         let mut blobs = Vec::with_capacity(image.layers.len());
         for (i, l) in image.layers.iter().enumerate() {
-            if self.oci.has_layer(&chains[i])? {
+            if self.host.oci.has_layer(&chains[i])? {
                 let _ = events.send(PullEvent::Layer {
                     index: i,
                     digest: l.digest.clone(),
@@ -232,7 +232,7 @@ impl Manager {
             created_at_ms: drums_catalog::now_ms(),
             names: vec![name.clone()],
         };
-        let (oci, row2) = (self.oci.clone(), row.clone());
+        let (oci, row2) = (self.host.oci.clone(), row.clone());
         let diff_ids = image.config.diff_ids.clone();
         tokio::task::spawn_blocking(move || {
             let job = Storing {
@@ -270,17 +270,17 @@ impl Manager {
         E: std::fmt::Display,
     {
         let given = name.map(Self::image_name).transpose()?;
-        let staging = self.oci.staging_dir()?;
+        let staging = self.host.oci.staging_dir()?;
         let spool = staging.path().join("archive.tar");
-        let room = crate::manager::StoreRoom::new(&self.cfg, &self.store_root);
+        let room = crate::host::StoreRoom::new(&self.host.cfg, &self.host.store_root);
         // The spool is charged as it arrives against the room now; what
         // unpacking writes, against what is left of it.
         let left = room.now()?;
         let spooled = self.spool(&mut body, &spool).await?;
         let left = left.saturating_sub(spooled);
-        self.faults.check("image.fetch")?;
+        self.host.faults.check("image.fetch")?;
         let faults = self.image_faults();
-        let oci = self.oci.clone();
+        let oci = self.host.oci.clone();
         let row = tokio::task::spawn_blocking(move || -> Result<ImageRow, SessionError> {
             let file = std::fs::File::open(&spool).map_err(io("open", &spool))?;
             let unpacked = staging.path().join("archive");
@@ -331,9 +331,9 @@ impl Manager {
     /// The image points armed now, for the blocking thread that stores.
     fn image_faults(&self) -> ImageFaults {
         ImageFaults {
-            fail_layer: self.faults.check("image.layer").is_err(),
-            fail_commit: self.faults.check("image.commit").is_err(),
-            hold_commit: self.faults.holds("image.commit"),
+            fail_layer: self.host.faults.check("image.layer").is_err(),
+            fail_commit: self.host.faults.check("image.commit").is_err(),
+            hold_commit: self.host.faults.holds("image.commit"),
         }
     }
 
@@ -348,7 +348,7 @@ impl Manager {
                 .filter(|n| row.names.contains(n))
                 .unwrap_or_else(|| row.id.clone())
         };
-        Ok(self.oci.remove(&name)?)
+        Ok(self.host.oci.remove(&name)?)
     }
 }
 
@@ -372,7 +372,7 @@ struct Storing<'a> {
     /// pulls write too), and what is left of it for this image's layers
     /// after what it already wrote (blobs, a spooled archive): each layer
     /// gets the smaller, and is charged what it writes.
-    room: &'a crate::manager::StoreRoom,
+    room: &'a crate::host::StoreRoom,
     left: u64,
 }
 
@@ -458,7 +458,7 @@ impl Manager {
         if !key.starts_with("sha256:") {
             return None;
         }
-        let row = self.catalog.image(key).ok()??;
+        let row = self.host.catalog.image(key).ok()??;
         ImageConfig::parse(row.config.as_bytes()).ok()
     }
 }

@@ -27,8 +27,8 @@ pub fn session_level(cgroup_parent: &str) -> u32 {
 
 impl Manager {
     fn inspect_target(&self, id_or_name: &str) -> Result<Target, SessionError> {
-        let (rec, pid) = self.running(id_or_name)?;
-        let cgroup_id = drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, &rec.id)
+        let (rec, pid) = self.host.running(id_or_name)?;
+        let cgroup_id = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
             .id()
             .ok_or_else(|| {
                 SessionError::Invalid(format!(
@@ -40,7 +40,7 @@ impl Manager {
             session: rec.name,
             cgroup_id,
             root_pid: pid,
-            subvolume: Some(self.store_root.join("sessions").join(&rec.id)),
+            subvolume: Some(self.host.store_root.join("sessions").join(&rec.id)),
             // drums' own directory: the init's log, the guest's socket, the
             // Python reseed registrations (bound to their processes' lives).
             ignore: vec!["/run/drums/".to_owned()],
@@ -59,7 +59,7 @@ impl Manager {
 
     /// End the open turn: what it changed, also sent to every `turns` stream.
     pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         let effects = self.inspector.turn_end(&rec.name)?;
         let _ = self.turns.send(TurnNews::Ended(Box::new(effects.clone())));
         Ok(effects)
@@ -95,18 +95,18 @@ impl Manager {
     }
 
     fn cgroup(&self, id: &str) -> drums_cgroup::Cgroup {
-        drums_cgroup::Cgroup::open(&self.cfg.cgroup_parent, id)
+        drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, id)
     }
 
     /// The session's open turn, if one is.
     pub fn open_turn(&self, id_or_name: &str) -> Option<u64> {
-        let rec = self.record(id_or_name).ok()?;
+        let rec = self.host.record(id_or_name).ok()?;
         self.inspector.open_turn(&rec.name)
     }
 
     /// Stop inspecting a session (its programs unload with the last one).
     pub fn stop_inspecting(&self, id_or_name: &str) -> Result<(), SessionError> {
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         self.inspector.unwatch(&rec.name);
         Ok(())
     }

@@ -13,11 +13,13 @@
 
 pub mod archive;
 pub mod audit;
+mod boot;
 pub mod budget;
 mod busy;
 pub mod checkpoint;
 pub mod create;
 pub mod faults;
+mod host;
 pub mod ids;
 pub mod images;
 pub mod inspect;

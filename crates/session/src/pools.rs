@@ -96,10 +96,10 @@ impl Pools {
             live: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
         });
-        let records = pools.manager.catalog.pools()?;
+        let records = pools.manager.host.catalog.pools()?;
         let known: std::collections::HashSet<&str> =
             records.iter().map(|p| p.id.as_str()).collect();
-        for s in pools.manager.catalog.sessions()? {
+        for s in pools.manager.host.catalog.sessions()? {
             if s.pool.as_deref().is_some_and(|p| !known.contains(p)) {
                 info!(session = %s.id, "removing a member of a pool that was removed");
                 if let Err(e) = pools.manager.remove(&s.id).await {
@@ -147,7 +147,7 @@ impl Pools {
         }
         // What a restore would refuse, refused now rather than in every refill.
         let (ck, m) = self.manager.manifest(&req.checkpoint)?;
-        m.host.check_restorable_on(&self.manager.host)?;
+        m.host.check_restorable_on(&self.manager.host.fingerprint)?;
         crate::restore::process_artifact(&m)?;
         let id = crate::create::random_hex(6);
         let record = PoolRecord {
@@ -157,7 +157,7 @@ impl Pools {
             size: req.size,
             created_at_ms: drums_catalog::now_ms(),
         };
-        self.manager.catalog.insert_pool(&record)?;
+        self.manager.host.catalog.insert_pool(&record)?;
         info!(pool = %record.name, checkpoint = %record.checkpoint_id, size = record.size, "warm pool created");
         let live = self.spawn(record);
         self.view(&live)
@@ -166,6 +166,7 @@ impl Pools {
     fn find(&self, id_or_name: &str) -> Result<Arc<Live>, SessionError> {
         let id = self
             .manager
+            .host
             .catalog
             .pool(id_or_name)?
             .ok_or_else(|| SessionError::PoolNotFound(id_or_name.to_owned()))?
@@ -180,7 +181,7 @@ impl Pools {
     }
 
     fn view(&self, live: &Live) -> Result<Pool, SessionError> {
-        let members = self.manager.catalog.pool_members(&live.record.id)?;
+        let members = self.manager.host.catalog.pool_members(&live.record.id)?;
         let count = |state: &str| members.iter().filter(|m| m.state == state).count() as u32;
         let r = &live.record;
         Ok(Pool {
@@ -231,13 +232,13 @@ impl Pools {
         // Subscribed before looking, so a refill that ends in between is seen.
         let mut refilled = live.refilled.subscribe();
         loop {
-            while let Some(id) = self.manager.catalog.take_member(&live.record.id)? {
-                let Some(rec) = self.manager.catalog.session(&id)? else {
+            while let Some(id) = self.manager.host.catalog.take_member(&live.record.id)? {
+                let Some(rec) = self.manager.host.catalog.session(&id)? else {
                     continue;
                 };
                 // The replacement, at once.
                 live.wake.notify_one();
-                if self.manager.live_init(&rec).is_some() {
+                if self.manager.host.live_init(&rec).is_some() {
                     live.taken.fetch_add(1, Ordering::Relaxed);
                     return Ok(to_api(rec));
                 }
@@ -271,6 +272,7 @@ impl Pools {
     fn empty(&self, live: &Live, waited: Duration) -> SessionError {
         let restoring = self
             .manager
+            .host
             .catalog
             .pool_members(&live.record.id)
             .map(|m| m.iter().filter(|s| s.state == "creating").count())
@@ -305,8 +307,8 @@ impl Pools {
         self.stop(&live).await;
         // The row first: members found after a crash here have no pool and
         // are swept at the next start (see `start`).
-        self.manager.catalog.delete_pool(&live.record.id)?;
-        let members = self.manager.catalog.pool_members(&live.record.id)?;
+        self.manager.host.catalog.delete_pool(&live.record.id)?;
+        let members = self.manager.host.catalog.pool_members(&live.record.id)?;
         let results =
             futures::future::join_all(members.iter().map(|m| self.manager.remove(&m.id))).await;
         let mut first_err = None;
@@ -406,12 +408,12 @@ async fn refill(m: Arc<Manager>, live: Arc<Live>) {
 /// How many members the pool lacks. A running member whose processes died
 /// is taken out and removed here, so that it is replaced.
 fn short_by(m: &Arc<Manager>, live: &Live) -> Result<usize, SessionError> {
-    let members = m.catalog.pool_members(&live.record.id)?;
+    let members = m.host.catalog.pool_members(&live.record.id)?;
     let mut held = 0usize;
     for s in members {
-        if s.state == "running" && m.live_init(&s).is_none() {
+        if s.state == "running" && m.host.live_init(&s).is_none() {
             // Out of the pool first, so it is removed once and never taken.
-            if !m.catalog.leave_pool(&s.id)? {
+            if !m.host.catalog.leave_pool(&s.id)? {
                 continue;
             }
             warn!(session = %s.id, pool = %live.record.name, "a pool member died; replacing it");
@@ -436,6 +438,7 @@ fn room(m: &Manager, short: usize) -> Result<usize, String> {
     let mut batch = short.min(BATCH);
     if let Some(max) = m.config().max_sessions {
         let held = m
+            .host
             .catalog
             .session_count()
             .map_err(|e| format!("count sessions: {}", error_chain(&e)))?;

@@ -8,13 +8,13 @@ use std::time::Duration;
 use drums_catalog::{Resource, ResourceKind};
 use drums_sys::{MntFlags, Syscall};
 
-use crate::manager::Manager;
+use crate::host::Host;
 use crate::{error_chain, process, SessionError};
 
 /// Remove every resource of `owner`, newest first, forgetting each one only once
 /// it is gone. Every resource is attempted even if an earlier one failed.
-pub async fn remove_owned(m: &Manager, owner: &str) -> Result<(), SessionError> {
-    remove_owned_but(m, owner, false).await
+pub async fn remove_owned(host: &Host, owner: &str) -> Result<(), SessionError> {
+    remove_owned_but(host, owner, false).await
 }
 
 /// [`remove_owned`], except that a veth's firewall port stays listed: for a
@@ -22,15 +22,15 @@ pub async fn remove_owned(m: &Manager, owner: &str) -> Result<(), SessionError> 
 /// veth has the same name, MAC and address. Until that veth exists the
 /// element matches no device; if the rebuild fails, its clean-up removes the
 /// port with the veth, and a restarted drumsd's firewall starts empty.
-pub async fn remove_owned_keeping_port(m: &Manager, owner: &str) -> Result<(), SessionError> {
-    remove_owned_but(m, owner, true).await
+pub async fn remove_owned_keeping_port(host: &Host, owner: &str) -> Result<(), SessionError> {
+    remove_owned_but(host, owner, true).await
 }
 
-async fn remove_owned_but(m: &Manager, owner: &str, keep_port: bool) -> Result<(), SessionError> {
+async fn remove_owned_but(host: &Host, owner: &str, keep_port: bool) -> Result<(), SessionError> {
     let mut failures = Vec::new();
-    for r in m.catalog.owned_by(owner)? {
-        match remove_resource(m, &r, keep_port).await {
-            Ok(()) => m.catalog.release(r.seq)?,
+    for r in host.catalog.owned_by(owner)? {
+        match remove_resource(host, &r, keep_port).await {
+            Ok(()) => host.catalog.release(r.seq)?,
             Err(e) => failures.push(format!("{} {}: {e}", r.kind.as_str(), r.key)),
         }
     }
@@ -54,20 +54,23 @@ where
 }
 
 /// Remove one resource; a resource that is already gone counts as removed.
-async fn remove_resource(m: &Manager, r: &Resource, keep_port: bool) -> Result<(), String> {
+async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(), String> {
     let key = r.key.clone();
     match r.kind {
         ResourceKind::Process => {
             blocking(move || process::kill_and_reap(&key, Duration::from_secs(10))).await
         }
         ResourceKind::Link => {
-            m.net.delete_link(&key).await.map_err(|e| error_chain(&e))?;
+            host.net
+                .delete_link(&key)
+                .await
+                .map_err(|e| error_chain(&e))?;
             if keep_port {
                 return Ok(());
             }
             // A session's veth: its anti-spoofing and egress elements go with
             // it (a no-op for the bridge itself, which is no port).
-            let bridge = m.cfg.bridge.clone();
+            let bridge = host.cfg.bridge.clone();
             blocking(move || {
                 drums_net::firewall::remove_port(&bridge, &key).map_err(|e| error_chain(&e))
             })
@@ -96,7 +99,7 @@ async fn remove_resource(m: &Manager, r: &Resource, keep_port: bool) -> Result<(
             _ => Ok(()),
         },
         ResourceKind::Mount => {
-            let sys = m.sys.clone();
+            let sys = host.sys.clone();
             blocking(move || unmount(&*sys, Path::new(&key))).await
         }
         ResourceKind::NftTable => {

@@ -16,6 +16,7 @@ use drums_engine::{Failure, Finished, Priority};
 use futures::future::BoxFuture;
 use tracing::{debug, info, warn};
 
+use crate::boot::{boot, Plan, Ready, Start, Upper};
 use crate::create::random_hex;
 use crate::manager::Manager;
 use crate::{teardown, SessionError};
@@ -246,8 +247,9 @@ impl Manager {
 
     /// The session's history, oldest first.
     pub fn session_versions(&self, id_or_name: &str) -> Result<Vec<SessionVersion>, SessionError> {
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         Ok(self
+            .host
             .catalog
             .session_versions(&rec.id)?
             .iter()
@@ -292,7 +294,7 @@ impl Manager {
         if !req.checkpoint {
             return Ok(effects);
         }
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         let policy = req.policy.unwrap_or_default();
         let want = wanted(policy, effects.class);
         let mut ck = drums_api::TurnCheckpoint {
@@ -373,8 +375,8 @@ impl Manager {
             Policy::Files => Took::Files,
             Policy::Selective | Policy::Full => Took::Full,
         };
-        let rec = self.record(id_or_name)?;
-        if !self.catalog.session_versions(&rec.id)?.is_empty() {
+        let rec = self.host.record(id_or_name)?;
+        if !self.host.catalog.session_versions(&rec.id)?.is_empty() {
             return Ok(None);
         }
         let job = VersionJob {
@@ -395,6 +397,7 @@ impl Manager {
 
     fn api_version(&self, id: &str) -> Result<SessionVersion, SessionError> {
         let v = self
+            .host
             .catalog
             .version(id)?
             .ok_or_else(|| SessionError::CheckpointNotFound(id.to_owned()))?;
@@ -466,7 +469,7 @@ impl Manager {
         self: &Arc<Self>,
         job: VersionJob,
     ) -> Result<Manifest, SessionError> {
-        let (rec, pid) = self.running(&job.session_id)?;
+        let (rec, pid) = self.host.running(&job.session_id)?;
         let pos = self.position(&rec.id);
         let head = match &pos.at {
             Some(at) => self.manifest(at).ok().map(|(_, m)| m),
@@ -495,7 +498,7 @@ impl Manager {
             )));
         }
         let id = random_hex(6);
-        let ver = self.catalog.insert_version(&VersionRecord {
+        let ver = self.host.catalog.insert_version(&VersionRecord {
             id: id.clone(),
             name: job
                 .name
@@ -536,7 +539,7 @@ impl Manager {
         match self.make_version(&rec, pid, &ver, &owner, plan).await {
             Ok(m) => {
                 let info = m.version.as_ref().expect("a version has its info");
-                self.catalog.publish_version(
+                self.host.catalog.publish_version(
                     &id,
                     &serde_json::to_value(&m).expect("manifest serializes"),
                     &info.files_of,
@@ -564,8 +567,8 @@ impl Manager {
             }
             Err(e) => {
                 self.set_position(&rec.id, |p| p.needs_full = true);
-                self.catalog.set_version_state(&id, "failed")?;
-                if let Err(t) = teardown::remove_owned(self, &owner).await {
+                self.host.catalog.set_version_state(&id, "failed")?;
+                if let Err(t) = teardown::remove_owned(&self.host, &owner).await {
                     warn!("clean up failed version {id}: {}", crate::error_chain(&t));
                 }
                 Err(e)
@@ -598,7 +601,7 @@ impl Manager {
 
     async fn retain_pass(&self, session_id: &str) -> Result<(), SessionError> {
         let at = self.position(session_id).at;
-        let all = self.catalog.session_versions(session_id)?;
+        let all = self.host.catalog.session_versions(session_id)?;
         let finished: Vec<&VersionRecord> = all
             .iter()
             .filter(|v| !drums_catalog::IN_FLIGHT.contains(&v.state.as_str()))
@@ -607,7 +610,7 @@ impl Manager {
         // A session with an agent living in it is recovered from its newest
         // version that dumped its processes itself (see `recover_record`):
         // that one stays, however many files versions came after it.
-        let own = match self.catalog.agent_of(session_id)? {
+        let own = match self.host.catalog.agent_of(session_id)? {
             Some(_) => finished
                 .iter()
                 .rev()
@@ -629,14 +632,15 @@ impl Manager {
     pub(crate) async fn drop_version(&self, v: &VersionRecord) -> Result<(), SessionError> {
         // Restores, rollbacks and recoveries of it finish first (see `busy`).
         let _held = self.busy_checkpoints.alone(&v.id).await;
-        self.catalog.delete_version(&v.id)?;
+        self.host.catalog.delete_version(&v.id)?;
         let mut owners: Vec<&str> = vec![&v.id];
         owners.extend(v.files_of.as_deref());
         owners.extend(v.process_of.as_deref());
         owners.sort();
         owners.dedup();
         for o in owners {
-            if self.catalog.version(o)?.is_none() && self.catalog.artifact_users(o)? == 0 {
+            if self.host.catalog.version(o)?.is_none() && self.host.catalog.artifact_users(o)? == 0
+            {
                 self.remove_artifacts(o).await?;
             }
         }
@@ -645,7 +649,7 @@ impl Manager {
 
     /// Every unpinned version of a removed session goes with it.
     pub(crate) async fn drop_history(&self, session_id: &str) -> Result<(), SessionError> {
-        for v in self.catalog.session_versions(session_id)? {
+        for v in self.host.catalog.session_versions(session_id)? {
             if !v.pinned && !drums_catalog::IN_FLIGHT.contains(&v.state.as_str()) {
                 self.drop_version(&v).await?;
             }
@@ -660,17 +664,17 @@ impl Manager {
     /// The directory (images, manifest) and snapshot a version took.
     async fn remove_artifacts(&self, id: &str) -> Result<(), SessionError> {
         let owner = format!("ckpt:{id}");
-        self.catalog.record(
+        self.host.catalog.record(
             &owner,
             ResourceKind::Dir,
-            &self.checkpoint_dir(id).display().to_string(),
+            &self.host.checkpoint_dir(id).display().to_string(),
         )?;
-        self.catalog.record(
+        self.host.catalog.record(
             &owner,
             ResourceKind::Subvolume,
-            &self.checkpoint_snapshot(id).display().to_string(),
+            &self.host.checkpoint_snapshot(id).display().to_string(),
         )?;
-        teardown::remove_owned(self, &owner).await
+        teardown::remove_owned(&self.host, &owner).await
     }
 
     /// `drums rollback`: the same session (id, name, address, hostname, id
@@ -682,14 +686,14 @@ impl Manager {
         id_or_name: &str,
         to: Option<&str>,
     ) -> Result<Session, SessionError> {
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         if rec.state != "running" {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
             )));
         }
-        if self.live_init(&rec).is_none() {
+        if self.host.live_init(&rec).is_none() {
             return Err(SessionError::Conflict(format!(
                 "the processes of session {} died: `drums recover` brings back its newest version",
                 rec.name
@@ -704,8 +708,8 @@ impl Manager {
     /// `drums recover`: a session whose processes died comes back from its
     /// newest done version, under the same identity.
     pub async fn recover(&self, id_or_name: &str) -> Result<Session, SessionError> {
-        let rec = self.record(id_or_name)?;
-        if self.live_init(&rec).is_some() {
+        let rec = self.host.record(id_or_name)?;
+        if self.host.live_init(&rec).is_some() {
             return Err(SessionError::Conflict(format!(
                 "session {} is running: `drums rollback` takes it back to a version",
                 rec.name
@@ -732,8 +736,9 @@ impl Manager {
         // from the newest version that dumped its processes itself, files
         // and agent of one moment, and the coordinator fast-forwards the
         // agent from there (docs/coordinator.md).
-        let agent = self.catalog.agent_of(&rec.id)?.is_some();
+        let agent = self.host.catalog.agent_of(&rec.id)?.is_some();
         let newest = self
+            .host
             .catalog
             .session_versions(&rec.id)?
             .into_iter()
@@ -768,6 +773,7 @@ impl Manager {
         let held = self.busy_checkpoints.shared(&target.id).await;
         let (_, m) = self.manifest(&target.id)?;
         let limits = self
+            .host
             .limits
             .from_manifest(&m.session.limits)
             .map_err(|source| SessionError::ManifestLimits {
@@ -782,7 +788,9 @@ impl Manager {
             None => Some(crate::spec::Spec::of_version(&m.session, limits.clone())?),
         };
         let t0 = Instant::now();
-        self.catalog.set_session_state(&rec.id, "creating", None)?;
+        self.host
+            .catalog
+            .set_session_state(&rec.id, "creating", None)?;
         self.forget_turns(&rec.name);
         // Everything the session runs on goes; its catalog row (address, id
         // range, name) stays, and the version's artifacts come back under the
@@ -793,17 +801,28 @@ impl Manager {
         // (A cold start builds its network afresh, as a create does.)
         let keep_port = what == InPlace::Rollback && cold.is_none();
         if keep_port {
-            teardown::remove_owned_keeping_port(self, &rec.id).await?;
+            teardown::remove_owned_keeping_port(&self.host, &rec.id).await?;
         } else {
-            teardown::remove_owned(self, &rec.id).await?;
+            teardown::remove_owned(&self.host, &rec.id).await?;
         }
-        let built = match &cold {
-            None => self.rebuild(rec, &m, &limits, &lower, keep_port).await,
-            Some(spec) => {
-                let files = self.checkpoint_snapshot(m.files_of());
-                self.build(rec, spec, &lower, Some(&files)).await
-            }
+        let plan = Plan {
+            limits: &limits,
+            privileged: m.session.privileged,
+            lower: &lower,
+            upper: Upper::Snapshot(self.host.checkpoint_snapshot(m.files_of())),
+            start: match &cold {
+                None => Start::Restore {
+                    manifest: &m,
+                    kept_port: keep_port,
+                },
+                Some(_) => Start::Cold,
+            },
+            ready: match &cold {
+                None => Ready::Same,
+                Some(spec) => Ready::Fresh(spec.desktop.as_ref()),
+            },
         };
+        let built = boot(&self.host, rec, plan).await;
         let failed = built.is_err();
         let settled = self.settle(rec, built).await;
         // Before dropping versions below, which takes their locks alone.
@@ -853,13 +872,13 @@ impl Manager {
     /// Whether a running session's processes died (its init is gone): what
     /// `drums recover` is for.
     pub fn processes_died(&self, id_or_name: &str) -> Result<bool, SessionError> {
-        let rec = self.record(id_or_name)?;
-        Ok(rec.state == "running" && self.live_init(&rec).is_none())
+        let rec = self.host.record(id_or_name)?;
+        Ok(rec.state == "running" && self.host.live_init(&rec).is_none())
     }
 
     /// `fork --at`: the id of a done version of the session.
     pub fn version_of_session(&self, id_or_name: &str, at: &str) -> Result<String, SessionError> {
-        let rec = self.record(id_or_name)?;
+        let rec = self.host.record(id_or_name)?;
         Ok(self.version_of(&rec, Some(at))?.id)
     }
 
@@ -872,8 +891,8 @@ impl Manager {
         id_or_name: &str,
         to: Option<&str>,
     ) -> Result<SessionVersion, SessionError> {
-        let rec = self.record(id_or_name)?;
-        if rec.state != "running" || self.live_init(&rec).is_none() {
+        let rec = self.host.record(id_or_name)?;
+        if rec.state != "running" || self.host.live_init(&rec).is_none() {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
@@ -891,7 +910,7 @@ impl Manager {
         rec: &drums_catalog::SessionRecord,
         to: Option<&str>,
     ) -> Result<VersionRecord, SessionError> {
-        let history = self.catalog.session_versions(&rec.id)?;
+        let history = self.host.catalog.session_versions(&rec.id)?;
         let found = match to {
             None => {
                 let at = self.position(&rec.id).at;
