@@ -294,9 +294,7 @@ impl Manager {
         }
         result
     }
-}
 
-impl Manager {
     /// An imported manifest passes the checks a restore of it would make,
     /// so a checkpoint that could never be restored here is refused before
     /// anything is written, as a bad archive (400), not kept to fail later.
@@ -326,9 +324,7 @@ impl Manager {
             Err(e) => Err(e),
         }
     }
-}
 
-impl Manager {
     /// Write an archive streamed as `body` to the new file `spool` (0600):
     /// an archive may not take the store's reserve, so it is counted as it
     /// arrives and refused at the first byte over.

@@ -358,6 +358,30 @@ impl Manager {
             identical_by_design,
         })
     }
+
+    /// What the browsers of two desktops share by design, which depends on
+    /// whether they were restored from a checkpoint taken with `--clean`.
+    fn browser_by_design(
+        &self,
+        a: &drums_catalog::SessionRecord,
+        b: &drums_catalog::SessionRecord,
+    ) -> String {
+        let clean = |r: &drums_catalog::SessionRecord| {
+            r.origin
+                .as_deref()
+                .and_then(|o| self.manifest(o).ok())
+                .is_some_and(|(_, m)| m.clean)
+        };
+        if clean(a) && clean(b) {
+            "Chromium's profile on disk (history, bookmarks, preferences): a clean checkpoint \
+             resets cookies, site storage and renderers, not the profile"
+                .to_owned()
+        } else {
+            "the browser's state: tabs, cookies, site storage and each renderer's \
+             Math.random sequence (not restored from a checkpoint taken with --clean)"
+                .to_owned()
+        }
+    }
 }
 
 /// What the guest's `GET /v1/hygiene` says of the last reseed (mirrors
@@ -462,32 +486,6 @@ fn reseed_checks(
         }
     }
     out
-}
-
-impl Manager {
-    /// What the browsers of two desktops share by design, which depends on
-    /// whether they were restored from a checkpoint taken with `--clean`.
-    fn browser_by_design(
-        &self,
-        a: &drums_catalog::SessionRecord,
-        b: &drums_catalog::SessionRecord,
-    ) -> String {
-        let clean = |r: &drums_catalog::SessionRecord| {
-            r.origin
-                .as_deref()
-                .and_then(|o| self.manifest(o).ok())
-                .is_some_and(|(_, m)| m.clean)
-        };
-        if clean(a) && clean(b) {
-            "Chromium's profile on disk (history, bookmarks, preferences): a clean checkpoint \
-             resets cookies, site storage and renderers, not the profile"
-                .to_owned()
-        } else {
-            "the browser's state: tabs, cookies, site storage and each renderer's \
-             Math.random sequence (not restored from a checkpoint taken with --clean)"
-                .to_owned()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -142,6 +142,61 @@ const DUMP_ATTEMPTS: u32 = 3;
 /// CRIU's error for that case (criu/sk-netlink.c).
 const NETLINK_BUSY: &str = "The socket has data to read";
 
+/// The checkpoints' own state in drumsd's memory: which were verified, and
+/// who reads or removes which right now (see `busy`).
+#[derive(Default)]
+pub(crate) struct Checkpoints {
+    /// Checkpoints whose image checksums were verified, with the images'
+    /// newest mtime then: a full check costs ~2.5 ms per MiB, so it runs at
+    /// the first restore after a daemon start and again only if an image
+    /// changed; every restore checks sizes.
+    verified: std::sync::Mutex<std::collections::HashMap<String, i128>>,
+    /// Per version: a removal (`drums checkpoint rm`, retention) waits for
+    /// the restores, rollbacks and recoveries reading it.
+    busy: crate::busy::Locks,
+}
+
+impl Checkpoints {
+    /// Held while a restore, rollback or recovery reads version `id`.
+    pub(crate) async fn reading(&self, id: &str) -> crate::busy::Held<'_> {
+        self.busy.shared(id).await
+    }
+
+    /// Held while version `id` is removed, alone.
+    pub(crate) async fn removing(&self, id: &str) -> crate::busy::Held<'_> {
+        self.busy.alone(id).await
+    }
+
+    /// Check the images of version `id` in `images` against the manifest's
+    /// `list`: their sizes always, their checksums when they are new to
+    /// this daemon or changed since.
+    pub(crate) async fn verify(
+        &self,
+        id: &str,
+        images: &std::path::Path,
+        list: &[drums_checkpoint::ImageFile],
+    ) -> Result<(), SessionError> {
+        let newest = drums_checkpoint::check_sizes(images, list)?;
+        let known = self
+            .verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            == Some(&newest);
+        if !known {
+            let (images, list) = (images.to_owned(), list.to_vec());
+            tokio::task::spawn_blocking(move || drums_checkpoint::verify(&images, &list))
+                .await
+                .expect("no panic")?;
+            self.verified
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.to_owned(), newest);
+        }
+        Ok(())
+    }
+}
+
 impl Manager {
     /// `drums checkpoint`: a full version of the session that a person
     /// pinned (and named), taken by the engine like every version, at high
@@ -155,10 +210,10 @@ impl Manager {
             validate_name_of("checkpoint", n)?;
         }
         let job = crate::versions::VersionJob {
-            manager: std::sync::Arc::downgrade(self),
+            taker: self.taker(),
             session_id: rec.id.clone(),
             turn: None,
-            class: "manual".into(),
+            class: crate::versions::JobClass::Manual,
             policy: drums_api::Policy::Full,
             wanted: Took::Full,
             changed: Default::default(),
@@ -168,10 +223,11 @@ impl Manager {
             leave_running: req.leave_running,
         };
         let submitted = self
-            .engine
+            .versions
+            .engine()
             .submit(job, drums_engine::Priority::High)
             .await?;
-        let m = crate::versions::outcome(self.engine.wait(submitted.id).await?)?;
+        let m = crate::versions::outcome(self.versions.engine().wait(submitted.id).await?)?;
         Ok(to_api(&m))
     }
 

@@ -350,6 +350,24 @@ impl Manager {
         };
         Ok(self.host.oci.remove(&name)?)
     }
+
+    /// What an OCI image's config exposes; nothing for a drums image, or
+    /// an image gone (a session's image cannot go while it exists).
+    pub(crate) fn image_ports(&self, key: &str) -> Vec<String> {
+        self.exec_defaults(key)
+            .map(|c| c.exposed_ports)
+            .unwrap_or_default()
+    }
+
+    /// The config of the OCI image a session's record names, which its
+    /// commands run with (see [`apply_defaults`]); none for a drums image.
+    pub fn exec_defaults(&self, key: &str) -> Option<ImageConfig> {
+        if !key.starts_with("sha256:") {
+            return None;
+        }
+        let row = self.host.catalog.image(key).ok()??;
+        ImageConfig::parse(row.config.as_bytes()).ok()
+    }
 }
 
 /// Fault injection in [`store_image`] (crate::faults::IMAGE_POINTS).
@@ -441,26 +459,6 @@ pub(crate) fn open_oci(
     catalog: &Arc<drums_catalog::Catalog>,
 ) -> Result<OciStore, SessionError> {
     Ok(OciStore::open(store_root, catalog.clone())?)
-}
-
-impl Manager {
-    /// What an OCI image's config exposes; nothing for a drums image, or
-    /// an image gone (a session's image cannot go while it exists).
-    pub(crate) fn image_ports(&self, key: &str) -> Vec<String> {
-        self.exec_defaults(key)
-            .map(|c| c.exposed_ports)
-            .unwrap_or_default()
-    }
-
-    /// The config of the OCI image a session's record names, which its
-    /// commands run with (see [`apply_defaults`]); none for a drums image.
-    pub fn exec_defaults(&self, key: &str) -> Option<ImageConfig> {
-        if !key.starts_with("sha256:") {
-            return None;
-        }
-        let row = self.host.catalog.image(key).ok()??;
-        ImageConfig::parse(row.config.as_bytes()).ok()
-    }
 }
 
 /// An exec request with an OCI image's defaults, as `podman exec` applies

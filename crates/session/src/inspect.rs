@@ -25,6 +25,22 @@ pub fn session_level(cgroup_parent: &str) -> u32 {
     cgroup_parent.split('/').filter(|c| !c.is_empty()).count() as u32 + 1
 }
 
+/// The inspector, which loads its eBPF programs with the first inspected
+/// session, and the news of turns it tells every `turns` stream.
+pub(crate) struct Turns {
+    inspector: drums_inspect::Inspector,
+    news: tokio::sync::broadcast::Sender<TurnNews>,
+}
+
+impl Turns {
+    pub(crate) fn new(cgroup_parent: &str) -> Turns {
+        Turns {
+            inspector: drums_inspect::Inspector::new(session_level(cgroup_parent)),
+            news: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+}
+
 impl Manager {
     fn inspect_target(&self, id_or_name: &str) -> Result<Target, SessionError> {
         let (rec, pid) = self.host.running(id_or_name)?;
@@ -50,7 +66,7 @@ impl Manager {
     /// Begin a turn; the first one starts inspecting the session.
     pub fn turn_begin(&self, id_or_name: &str) -> Result<TurnBegun, SessionError> {
         let target = self.inspect_target(id_or_name)?;
-        let turn = self.inspector.turn_begin(&target)?;
+        let turn = self.turns.inspector.turn_begin(&target)?;
         Ok(TurnBegun {
             session: target.session,
             turn,
@@ -60,8 +76,11 @@ impl Manager {
     /// End the open turn: what it changed, also sent to every `turns` stream.
     pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
         let rec = self.host.record(id_or_name)?;
-        let effects = self.inspector.turn_end(&rec.name)?;
-        let _ = self.turns.send(TurnNews::Ended(Box::new(effects.clone())));
+        let effects = self.turns.inspector.turn_end(&rec.name)?;
+        let _ = self
+            .turns
+            .news
+            .send(TurnNews::Ended(Box::new(effects.clone())));
         Ok(effects)
     }
 
@@ -69,7 +88,7 @@ impl Manager {
     /// tracking.
     pub fn mark_agent(&self, id_or_name: &str, pid: i32) -> Result<AgentMarked, SessionError> {
         let target = self.inspect_target(id_or_name)?;
-        let pids = self.inspector.mark_agent(&target, pid)?;
+        let pids = self.turns.inspector.mark_agent(&target, pid)?;
         Ok(AgentMarked {
             session: target.session,
             pids,
@@ -101,40 +120,43 @@ impl Manager {
     /// The session's open turn, if one is.
     pub fn open_turn(&self, id_or_name: &str) -> Option<u64> {
         let rec = self.host.record(id_or_name).ok()?;
-        self.inspector.open_turn(&rec.name)
+        self.turns.inspector.open_turn(&rec.name)
     }
 
     /// Stop inspecting a session (its programs unload with the last one).
     pub fn stop_inspecting(&self, id_or_name: &str) -> Result<(), SessionError> {
         let rec = self.host.record(id_or_name)?;
-        self.inspector.unwatch(&rec.name);
+        self.turns.inspector.unwatch(&rec.name);
         Ok(())
     }
 
     /// The coordinator's record of a request, to every `turns` stream.
     pub fn publish_coordinated(&self, record: drums_api::CoordinatedTurn) {
-        let _ = self.turns.send(TurnNews::Coordinated(Box::new(record)));
+        let _ = self
+            .turns
+            .news
+            .send(TurnNews::Coordinated(Box::new(record)));
     }
 
     pub fn subscribe_turns(&self) -> tokio::sync::broadcast::Receiver<TurnNews> {
-        self.turns.subscribe()
+        self.turns.news.subscribe()
     }
 
     /// End every turns stream: the daemon is stopping.
     pub fn end_turn_streams(&self) {
-        let _ = self.turns.send(TurnNews::Closing);
+        let _ = self.turns.news.send(TurnNews::Closing);
     }
 
     /// A session is going away: stop inspecting it and end its streams.
     pub(crate) fn forget_turns(&self, name: &str) {
-        self.inspector.unwatch(name);
-        let _ = self.turns.send(TurnNews::Gone(name.to_owned()));
+        self.turns.inspector.unwatch(name);
+        let _ = self.turns.news.send(TurnNews::Gone(name.to_owned()));
     }
 
     /// A checkpoint is about to dump the session: what CRIU does inside its
     /// processes is not theirs (see drums_inspect::Inspector::set_aside).
     pub(crate) fn inspect_set_aside(&self, name: &str) -> bool {
-        self.inspector.set_aside(name).unwrap_or_else(|e| {
+        self.turns.inspector.set_aside(name).unwrap_or_else(|e| {
             tracing::warn!("inspector: set {name}'s events aside: {e}");
             false
         })
@@ -142,7 +164,7 @@ impl Manager {
 
     /// CRIU has resumed the session after a dump that left it running.
     pub(crate) fn inspect_resumed(&self, name: &str) {
-        if let Err(e) = self.inspector.resumed(name) {
+        if let Err(e) = self.turns.inspector.resumed(name) {
             tracing::warn!("inspector: {name}: {e}");
         }
     }
@@ -150,7 +172,7 @@ impl Manager {
     /// The checkpoint failed: the session's next turn reports both kinds of
     /// change, since the inspector cannot tell what it set aside.
     pub(crate) fn inspect_checkpoint_failed(&self, name: &str) {
-        if let Err(e) = self.inspector.checkpoint_failed(name) {
+        if let Err(e) = self.turns.inspector.checkpoint_failed(name) {
             tracing::warn!("inspector: {name}: {e}");
         }
     }
@@ -158,7 +180,7 @@ impl Manager {
     /// For the dump's post-dump callback, which runs on a blocking thread
     /// while the session is still frozen.
     pub(crate) fn inspector(&self) -> drums_inspect::Inspector {
-        self.inspector.clone()
+        self.turns.inspector.clone()
     }
 }
 

@@ -29,6 +29,7 @@ pub mod pools;
 pub mod process;
 pub mod restore;
 pub mod spec;
+mod streams;
 pub mod teardown;
 pub mod versions;
 mod watches;

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use drums_api::{Limits, Session};
 use drums_catalog::{ResourceKind, SessionRecord};
@@ -15,54 +15,20 @@ use tracing::{info, warn};
 pub use crate::host::{
     installed_bin_dir, Host, ManagerConfig, DAEMON, DEFAULT_DISK_BYTES, MIN_STORE_RESERVE,
 };
+pub use crate::streams::GuestStream;
 use crate::{teardown, SessionError};
 
 pub struct Manager {
     /// The host's resources, made once at start and shared read-only.
     pub(crate) host: Arc<Host>,
-    /// Checkpoints whose image checksums were verified, with the images'
-    /// newest mtime then: a full check costs ~2.5 ms per MiB, so it runs at
-    /// the first restore after a daemon start and again only if an image
-    /// changed; every restore checks sizes.
-    pub(crate) verified: Mutex<std::collections::HashMap<String, i128>>,
-    /// Loads its eBPF programs with the first inspected session.
-    pub(crate) inspector: drums_inspect::Inspector,
-    pub(crate) turns: tokio::sync::broadcast::Sender<crate::inspect::TurnNews>,
-    /// The host's checkpoint scheduler: every version of every session.
-    pub(crate) engine: drums_engine::Scheduler<crate::versions::VersionJob>,
-    pub(crate) positions: crate::versions::Positions,
-    /// Sessions whose old versions are being dropped right now.
-    pub(crate) retaining: Mutex<std::collections::HashSet<String>>,
-    /// Requests passed through to each session's guest that are still open
-    /// (`drums exec`, file transfers): CRIU cannot dump the guest's end of
-    /// such a connection, whose peer is drumsd.
-    pub(crate) guest_streams: std::sync::Arc<Mutex<std::collections::HashMap<String, usize>>>,
-    /// Per version: a removal (`drums checkpoint rm`, retention) waits for
-    /// the restores, rollbacks and recoveries reading it (see `busy`).
-    pub(crate) busy_checkpoints: crate::busy::Locks,
-    /// Per session: the versions its turn ends took lately.
-    pub(crate) turn_versions: crate::budget::Budget,
-}
-
-/// How long a checkpoint waits for a guest stream that is ending.
-const GUEST_STREAM_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// An open request to a session's guest; see [`Manager::guest_stream`].
-pub struct GuestStream {
-    streams: std::sync::Arc<Mutex<std::collections::HashMap<String, usize>>>,
-    id: String,
-}
-
-impl Drop for GuestStream {
-    fn drop(&mut self) {
-        let mut all = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = all.get_mut(&self.id) {
-            *n -= 1;
-            if *n == 0 {
-                all.remove(&self.id);
-            }
-        }
-    }
+    /// Versions: the engine, each session's position, retention, budgets.
+    pub(crate) versions: crate::versions::Versions,
+    /// Checkpoints: which were verified, and who reads which right now.
+    pub(crate) checkpoints: crate::checkpoint::Checkpoints,
+    /// Requests passed through to each session's guest that are still open.
+    pub(crate) guest_streams: crate::streams::GuestStreams,
+    /// The eBPF inspector and the news of turns it tells subscribers.
+    pub(crate) turns: crate::inspect::Turns,
 }
 
 /// The sessions a previous daemon left that the sweep keeps.
@@ -78,20 +44,12 @@ impl Manager {
     /// Open everything, sweep what a previous daemon left, and make the bridge.
     pub async fn start(cfg: ManagerConfig) -> Result<Manager, SessionError> {
         let host = Arc::new(Host::open(cfg).await?);
-        let turn_versions = crate::budget::Budget::per_minute(host.cfg.turn_versions_per_minute);
         let m = Manager {
-            inspector: drums_inspect::Inspector::new(crate::inspect::session_level(
-                &host.cfg.cgroup_parent,
-            )),
-            host,
-            verified: Mutex::new(Default::default()),
-            busy_checkpoints: Default::default(),
-            turn_versions,
+            versions: crate::versions::Versions::new(host.cfg.turn_versions_per_minute)?,
+            checkpoints: Default::default(),
             guest_streams: Default::default(),
-            turns: tokio::sync::broadcast::channel(256).0,
-            engine: drums_engine::Scheduler::new(drums_engine::Config::default())?,
-            positions: Default::default(),
-            retaining: Default::default(),
+            turns: crate::inspect::Turns::new(&host.cfg.cgroup_parent),
+            host,
         };
         let found = m.sweep().await;
 
@@ -359,51 +317,16 @@ impl Manager {
         })
     }
 
+    /// Count a request passed through to session `id`'s guest as open until
+    /// the guard (kept with its answer's body) is dropped.
+    pub fn guest_stream(&self, id: &str) -> GuestStream {
+        self.guest_streams.open(id)
+    }
+
     /// A client of a running session's guest agent for requests passed
     /// through from the API (exec, files): the socket resolved inside the
     /// session's root, an error body read only up to [`GUEST_MAX_BODY`], and
     /// no time limit, since an exec or an upload may rightly take hours.
-    /// Count a request passed through to session `id`'s guest as open until
-    /// the guard (kept with its answer's body) is dropped.
-    pub fn guest_stream(&self, id: &str) -> GuestStream {
-        *self
-            .guest_streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_owned())
-            .or_default() += 1;
-        GuestStream {
-            streams: self.guest_streams.clone(),
-            id: id.to_owned(),
-        }
-    }
-
-    /// Requests passed through to session `id`'s guest still open.
-    pub(crate) fn open_guest_streams(&self, id: &str) -> usize {
-        self.guest_streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// [`Manager::open_guest_streams`], given a moment to reach zero: a
-    /// stream's guard goes when drumsd's side of the response ends, which
-    /// can be just after its caller has read the last byte and asked for a
-    /// checkpoint (seen under load in `drums bench corpus`). A stream still
-    /// open after [`GUEST_STREAM_GRACE`] is a real one.
-    pub(crate) async fn settled_guest_streams(&self, id: &str) -> usize {
-        let deadline = std::time::Instant::now() + GUEST_STREAM_GRACE;
-        loop {
-            let open = self.open_guest_streams(id);
-            if open == 0 || std::time::Instant::now() >= deadline {
-                return open;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    }
-
     pub fn guest_proxy(&self, s: &Session) -> Result<drums_api::Client, SessionError> {
         match s.init_pid {
             Some(pid) if s.state == "running" => {
@@ -501,7 +424,7 @@ impl Manager {
         self.host
             .catalog
             .set_session_state(&rec.id, "removing", None)?;
-        self.engine.cancel_session(&rec.id).await;
+        self.versions.engine().cancel_session(&rec.id).await;
         self.remove_stopped(rec).await
     }
 
@@ -526,7 +449,7 @@ impl Manager {
     pub async fn shutdown(&self) -> Result<(), SessionError> {
         let mut first_err = None;
         // Queued versions are dropped, running ones finish.
-        self.engine.shutdown().await;
+        self.versions.engine().shutdown().await;
         for s in self.host.catalog.sessions()? {
             if let Err(e) = self.remove_record(&s).await {
                 warn!("shutdown: {}", crate::error_chain(&e));

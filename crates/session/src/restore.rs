@@ -76,29 +76,15 @@ impl Manager {
         // which would delete the images and snapshot this reads (see `busy`).
         // Read again under the lock: a remove that came first leaves nothing.
         let id = self.manifest(checkpoint)?.0.id;
-        let _held = self.busy_checkpoints.shared(&id).await;
+        let _held = self.checkpoints.reading(&id).await;
         let (ck, m) = self.manifest(&id)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host.fingerprint)?;
         let process_of = process_artifact(&m)?;
         let images = self.host.checkpoint_dir(process_of).join("images");
-        let newest = drums_checkpoint::check_sizes(&images, &m.images)?;
-        let known = self
-            .verified
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(process_of)
-            == Some(&newest);
-        if !known {
-            let list = m.images.clone();
-            tokio::task::spawn_blocking(move || drums_checkpoint::verify(&images, &list))
-                .await
-                .expect("no panic")?;
-            self.verified
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(process_of.to_owned(), newest);
-        }
+        self.checkpoints
+            .verify(process_of, &images, &m.images)
+            .await?;
         // Before anything is made: the siblings' limits, the checkpoint's own
         // with today's defaults where it names none.
         let limits = self

@@ -1,0 +1,296 @@
+//! A session back at one of its versions, under its own identity: `drums
+//! rollback` of a live session, `drums recover` of one whose processes died
+//! (and a restarted drumsd's recovery of them).
+
+use std::time::Instant;
+
+use drums_api::{Session, SessionVersion};
+use drums_catalog::VersionRecord;
+use tracing::{info, warn};
+
+use super::api::to_api_version;
+use crate::boot::{boot, Plan, Ready, Start, Upper};
+use crate::manager::Manager;
+use crate::{teardown, SessionError};
+
+impl Manager {
+    /// `drums rollback`: the same session (id, name, address, hostname, id
+    /// range) continues from one of its versions. Its queued jobs are
+    /// cancelled and a running one finishes first; the versions after the
+    /// target stay until retention drops them, so a rollback can be undone.
+    pub async fn rollback(
+        &self,
+        id_or_name: &str,
+        to: Option<&str>,
+    ) -> Result<Session, SessionError> {
+        let rec = self.host.record(id_or_name)?;
+        if rec.state != "running" {
+            return Err(SessionError::Conflict(format!(
+                "session {} is {}: only a running session rolls back",
+                rec.name, rec.state
+            )));
+        }
+        if self.host.live_init(&rec).is_none() {
+            return Err(SessionError::Conflict(format!(
+                "the processes of session {} died: `drums recover` brings back its newest version",
+                rec.name
+            )));
+        }
+        self.versions.engine().cancel_session(&rec.id).await;
+        let target = self.version_of(&rec, to)?;
+        self.restore_in_place(&rec, &target, InPlace::Rollback)
+            .await
+    }
+
+    /// `drums recover`: a session whose processes died comes back from its
+    /// newest done version, under the same identity.
+    pub async fn recover(&self, id_or_name: &str) -> Result<Session, SessionError> {
+        let rec = self.host.record(id_or_name)?;
+        if self.host.live_init(&rec).is_some() {
+            return Err(SessionError::Conflict(format!(
+                "session {} is running: `drums rollback` takes it back to a version",
+                rec.name
+            )));
+        }
+        if rec.state != "running" {
+            return Err(SessionError::Conflict(format!(
+                "session {} is {}",
+                rec.name, rec.state
+            )));
+        }
+        self.versions.engine().cancel_session(&rec.id).await;
+        self.recover_record(&rec).await
+    }
+
+    pub(crate) async fn recover_record(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+    ) -> Result<Session, SessionError> {
+        // An agent living in the session is not tracked (the inspector's
+        // agent marking): a version that took only files pairs them with
+        // an older image of the agent, which would then redo its later
+        // turns on files that already have them. Such a session comes back
+        // from the newest version that dumped its processes itself, files
+        // and agent of one moment, and the coordinator fast-forwards the
+        // agent from there (docs/coordinator.md).
+        let agent = self.host.catalog.agent_of(&rec.id)?.is_some();
+        let newest = self
+            .host
+            .catalog
+            .session_versions(&rec.id)?
+            .into_iter()
+            .rev()
+            .find(|v| {
+                v.state == "done"
+                    && match &v.process_of {
+                        Some(p) => !agent || p == &v.id,
+                        // A files-only version (the files policy) starts
+                        // cold on its files, which would lose such an agent.
+                        None => !agent,
+                    }
+            })
+            .ok_or_else(|| SessionError::NoDoneVersion {
+                session: rec.name.clone(),
+                purpose: "to recover from",
+            })?;
+        self.restore_in_place(rec, &newest, InPlace::Recover).await
+    }
+
+    /// Replace what session `rec` runs on with version `target`'s artifacts,
+    /// keeping its catalog row (identity). On failure the session is removed
+    /// with its unpinned versions, as `drums rm` would.
+    async fn restore_in_place(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        target: &VersionRecord,
+        what: InPlace,
+    ) -> Result<Session, SessionError> {
+        // Retention or `checkpoint rm` waits until this has read the
+        // version's artifacts (see `busy`); read under the lock.
+        let held = self.checkpoints.reading(&target.id).await;
+        let (_, m) = self.manifest(&target.id)?;
+        let limits = self
+            .host
+            .limits
+            .from_manifest(&m.session.limits)
+            .map_err(|source| SessionError::ManifestLimits {
+                checkpoint: target.id.clone(),
+                source,
+            })?;
+        let lower = self.resolve_image(&m.session.image)?.rootfs;
+        // A files-only version (the files policy) has no processes: the
+        // session starts cold on its files, as after a reboot.
+        let cold = match m.process_of() {
+            Some(_) => None,
+            None => Some(crate::spec::Spec::of_version(&m.session, limits.clone())?),
+        };
+        let t0 = Instant::now();
+        self.host
+            .catalog
+            .set_session_state(&rec.id, "creating", None)?;
+        self.forget_turns(&rec.name);
+        // Everything the session runs on goes; its catalog row (address, id
+        // range, name) stays, and the version's artifacts come back under the
+        // same identity. No hygiene: no clone of it is alive.
+        // A live session's firewall port stays: the rebuilt one has the same
+        // veth name, MAC and address. A dead one's may be gone with the
+        // daemon that listed it.
+        // (A cold start builds its network afresh, as a create does.)
+        let keep_port = what == InPlace::Rollback && cold.is_none();
+        if keep_port {
+            teardown::remove_owned_keeping_port(&self.host, &rec.id).await?;
+        } else {
+            teardown::remove_owned(&self.host, &rec.id).await?;
+        }
+        let plan = Plan {
+            limits: &limits,
+            privileged: m.session.privileged,
+            lower: &lower,
+            upper: Upper::Snapshot(self.host.checkpoint_snapshot(m.files_of())),
+            start: match &cold {
+                None => Start::Restore {
+                    manifest: &m,
+                    kept_port: keep_port,
+                },
+                Some(_) => Start::Cold,
+            },
+            ready: match &cold {
+                None => Ready::Same,
+                Some(spec) => Ready::Fresh(spec.desktop.as_ref()),
+            },
+        };
+        let built = boot(&self.host, rec, plan).await;
+        let failed = built.is_err();
+        let settled = self.settle(rec, built).await;
+        // Before dropping versions below, which takes their locks alone.
+        drop(held);
+        let session = match settled {
+            Ok(s) => s,
+            Err(e) => {
+                // The session is gone (settle removed what the rebuild
+                // made): its history goes with it, as with `drums rm`.
+                if failed {
+                    if let Err(t) = self.drop_history(&rec.id).await {
+                        warn!(
+                            "drop the history of {}: {}",
+                            rec.name,
+                            crate::error_chain(&t)
+                        );
+                    }
+                }
+                return Err(e);
+            }
+        };
+        self.versions.set_position(&rec.id, |p| {
+            p.at = Some(target.id.clone());
+            p.needs_full = false;
+            p.restored = true;
+        });
+        info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{}", what.done());
+        Ok(session)
+    }
+
+    /// The version session `id` was rolled back or recovered to, once: the
+    /// coordinator asks at each of its agent's requests.
+    pub fn take_restored(&self, id: &str) -> Option<String> {
+        self.versions.take_restored(id)
+    }
+
+    /// The version session `id` is at: its newest, or the one it was
+    /// rolled back or recovered to.
+    pub fn at_version(&self, id: &str) -> Option<String> {
+        self.versions.position(id).at
+    }
+
+    /// Whether a running session's processes died (its init is gone): what
+    /// `drums recover` is for.
+    pub fn processes_died(&self, id_or_name: &str) -> Result<bool, SessionError> {
+        let rec = self.host.record(id_or_name)?;
+        Ok(rec.state == "running" && self.host.live_init(&rec).is_none())
+    }
+
+    /// `fork --at`: the id of a done version of the session.
+    pub fn version_of_session(&self, id_or_name: &str, at: &str) -> Result<String, SessionError> {
+        let rec = self.host.record(id_or_name)?;
+        Ok(self.version_of(&rec, Some(at))?.id)
+    }
+
+    /// The version a rollback of the session to `to` would go to, refused
+    /// as [`Manager::rollback`] would refuse it, without rolling back: for a
+    /// caller that must answer before the rollback starts (drumsd's session
+    /// API, whose caller the rollback replaces).
+    pub fn rollback_target(
+        &self,
+        id_or_name: &str,
+        to: Option<&str>,
+    ) -> Result<SessionVersion, SessionError> {
+        let rec = self.host.record(id_or_name)?;
+        if rec.state != "running" || self.host.live_init(&rec).is_none() {
+            return Err(SessionError::Conflict(format!(
+                "session {} is {}: only a running session rolls back",
+                rec.name, rec.state
+            )));
+        }
+        let target = self.version_of(&rec, to)?;
+        let (_, m) = self.manifest(&target.id)?;
+        crate::restore::process_artifact(&m)?;
+        Ok(to_api_version(&target))
+    }
+
+    /// A done version of `rec` by id, name or number; its position if none.
+    fn version_of(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        to: Option<&str>,
+    ) -> Result<VersionRecord, SessionError> {
+        let history = self.host.catalog.session_versions(&rec.id)?;
+        let found = match to {
+            None => {
+                let at = self.versions.position(&rec.id).at;
+                history
+                    .iter()
+                    .rev()
+                    .find(|v| v.state == "done" && (at.is_none() || at.as_deref() == Some(&v.id)))
+                    .or_else(|| history.iter().rev().find(|v| v.state == "done"))
+            }
+            Some(t) => history
+                .iter()
+                .find(|v| v.id == t || v.name == t || v.number.is_some_and(|n| n.to_string() == t)),
+        };
+        match (found, to) {
+            (None, Some(t)) => Err(SessionError::VersionNotFound {
+                session: rec.name.clone(),
+                version: t.to_owned(),
+            }),
+            (None, None) => Err(SessionError::NoDoneVersion {
+                session: rec.name.clone(),
+                purpose: "yet",
+            }),
+            (Some(v), _) if v.state != "done" => Err(SessionError::Conflict(format!(
+                "version {} of session {} is {}, not done",
+                v.number.unwrap_or(0),
+                rec.name,
+                v.state
+            ))),
+            (Some(v), _) => Ok(v.clone()),
+        }
+    }
+}
+
+/// What a restore in place is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InPlace {
+    /// The session is live: `drums rollback`.
+    Rollback,
+    /// Its processes died: `drums recover`, or a restarted drumsd.
+    Recover,
+}
+
+impl InPlace {
+    fn done(self) -> &'static str {
+        match self {
+            InPlace::Rollback => "rolled back",
+            InPlace::Recover => "recovered",
+        }
+    }
+}
