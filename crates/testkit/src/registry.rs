@@ -71,18 +71,10 @@ pub enum RegistryError {
     },
 }
 
-/// Tests `.expect` these, which prints `Debug`: the message and its causes
-/// as a person reads them (a registry log's lines unescaped), not the
-/// derived struct.
+/// The message and its causes, for a test's `.expect` ([`crate::write_chain`]).
 impl fmt::Debug for RegistryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self}")?;
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            write!(f, ": {c}")?;
-            cause = c.source();
-        }
-        Ok(())
+        crate::write_chain(f, self)
     }
 }
 
