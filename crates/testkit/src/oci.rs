@@ -44,7 +44,7 @@ impl OciError {
     }
 }
 
-/// The message and its causes, for a test's `.expect` ([`crate::write_chain`]).
+/// The message and its causes, for a test's `.expect` (`write_chain`).
 impl std::fmt::Debug for OciError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         crate::write_chain(f, self)

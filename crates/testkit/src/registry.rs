@@ -71,7 +71,7 @@ pub enum RegistryError {
     },
 }
 
-/// The message and its causes, for a test's `.expect` ([`crate::write_chain`]).
+/// The message and its causes, for a test's `.expect` (`write_chain`).
 impl fmt::Debug for RegistryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         crate::write_chain(f, self)
