@@ -1,6 +1,6 @@
 """A real distribution v2 registry (Debian's `docker-registry`) on loopback,
 and a tiny OCI image to push into it with skopeo: what the Rust tests do
-(crates/daemon/tests/common/registry.rs), so that `images.pull` meets the
+(crates/testkit/src/registry.rs), so that `images.pull` meets the
 server it meets in the field."""
 
 from __future__ import annotations

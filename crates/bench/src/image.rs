@@ -16,7 +16,6 @@
 //! are about a real distribution's ~15k files.
 
 mod layout;
-mod registry;
 mod root;
 
 use std::collections::BTreeSet;
@@ -27,12 +26,12 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use drums_api::{Client, ImageList, Version};
+use drums_testkit::registry::{Registry, REGISTRY_BIN, SKOPEO_BIN};
 use hyper::Method;
 use serde_json::{json, Map, Value};
 use tokio::process::Command;
 
 use self::layout::{Layer, Layout};
-use self::registry::{Registry, REGISTRY_BIN};
 use super::{progress, Made};
 use crate::exit::{self, Failure};
 use crate::stats::p50_p95;
@@ -65,7 +64,7 @@ pub async fn image(c: &Client, base: &Path, n: usize, as_json: bool) -> Result<i
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
-    for tool in [REGISTRY_BIN, "skopeo", "umoci", "podman", "runc", "btrfs"] {
+    for tool in [REGISTRY_BIN, SKOPEO_BIN, "umoci", "podman", "runc", "btrfs"] {
         if which(tool).is_none() {
             return Err(Failure::usage(format!(
                 "{tool} is missing: run scripts/setup.sh"
@@ -376,9 +375,10 @@ async fn run(
         t0.elapsed().as_secs_f64(),
         reg.addr()
     ));
-    reg.push(images.layout.dir(), "v1", "bench/base")?;
+    reg.push_layout_tag(images.layout.dir(), "v1", "bench/base:v1")?;
     for k in 0..DISK_IMAGES {
-        reg.push(images.layout.dir(), &format!("d{k}"), "bench/disk")?;
+        let tag = format!("d{k}");
+        reg.push_layout_tag(images.layout.dir(), &tag, &format!("bench/disk:{tag}"))?;
     }
     let reference = format!("{}/bench/base:v1", reg.addr());
 

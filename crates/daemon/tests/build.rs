@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::oci::{self, ImageSpec, Layer};
-use common::registry::Registry;
 use common::{fails, ok, run, TestDaemon};
+use drums_testkit::Registry;
 use hyper::Method;
 
 const BUSYBOX: &str = "/bin/busybox";
@@ -44,7 +44,8 @@ fn busybox_layer() -> Layer {
 fn push_base(reg: &Registry) -> String {
     let layout = tempfile::tempdir().unwrap();
     oci::write_layout(layout.path(), &ImageSpec::new(vec![busybox_layer()]), "1");
-    reg.push_layout(layout.path(), "base:1");
+    reg.push_layout(layout.path(), "base:1")
+        .expect("push the layout");
     format!("{}/base:1", reg.addr())
 }
 
@@ -108,7 +109,7 @@ async fn oci_image_ids(d: &TestDaemon) -> Vec<String> {
 
 #[test]
 fn a_dockerfile_becomes_a_session_image_and_the_same_inputs_hit_the_cache() {
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let base = push_base(&reg);
     let mut d = TestDaemon::start();
     let ctx = context(
@@ -194,7 +195,7 @@ fn a_dockerfile_becomes_a_session_image_and_the_same_inputs_hit_the_cache() {
 
 #[test]
 fn a_failing_step_a_step_that_needs_the_network_or_a_missing_base_says_so_and_leaves_nothing() {
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let base = push_base(&reg);
     let mut d = TestDaemon::start();
     let ctx = context(&format!("FROM {base}\nRUN echo step one && exit 3\n"), &[]);

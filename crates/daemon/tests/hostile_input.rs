@@ -20,9 +20,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use common::oci::{self, ImageSpec, Layer};
-use common::registry::Registry;
 use common::{fails, ok, run, TestDaemon};
 use drums_api::CreateSession;
+use drums_testkit::Registry;
 
 fn drumsd_pid(d: &TestDaemon) -> u32 {
     d.child.as_ref().expect("running").id()
@@ -528,11 +528,12 @@ fn an_image_past_the_stores_room_is_refused_and_keeps_nothing() {
     }
     // A pull of 2 x 60 MiB of blobs that do not compress: refused before
     // a byte of a blob is fetched.
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let pull = ImageSpec::new(vec![noise_layer("a", 60, 7), noise_layer("b", 60, 11)]);
     let layout = work.path().join("blobs-past");
     oci::write_layout(&layout, &pull, "v1");
-    reg.push_layout(&layout, "hostile/big:v1");
+    reg.push_layout(&layout, "hostile/big:v1")
+        .expect("push the layout");
     let reference = format!("{}/hostile/big:v1", reg.addr());
     let err = fails(
         &d.drums(&["pull", "--insecure", "-q", &reference]),

@@ -14,8 +14,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use common::oci::{self, ImageSpec, Layer, Tamper};
-use common::registry::Registry;
 use common::{fails, ok, require_root, TestDaemon};
+use drums_testkit::Registry;
 
 fn oci_dir(d: &TestDaemon) -> PathBuf {
     d.state.path().join("store/oci")
@@ -72,14 +72,16 @@ fn store_used(d: &TestDaemon) -> u64 {
 #[test]
 fn a_pulled_image_runs_with_its_config_checkpoints_restores_and_shares_its_base() {
     require_root();
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let work = tempfile::tempdir().unwrap();
     let two = work.path().join("two");
     oci::write_layout(&two, &oci::two_layer_image(), "latest");
-    reg.push_layout(&two, "drums/two:latest");
+    reg.push_layout(&two, "drums/two:latest")
+        .expect("push the layout");
     let user = work.path().join("user");
     oci::write_layout(&user, &oci::user_workdir_image(), "latest");
-    reg.push_layout(&user, "drums/user:latest");
+    reg.push_layout(&user, "drums/user:latest")
+        .expect("push the layout");
     let mut d = TestDaemon::start();
     let two_ref = format!("{}/drums/two:latest", reg.addr());
     let user_ref = format!("{}/drums/user:latest", reg.addr());
@@ -481,8 +483,9 @@ fn bad_images_are_refused_and_leave_nothing() {
         "down",
     );
     assert!(err.contains("down") || err.contains("refused"), "{err}");
-    let auth = Registry::start_with_basic_auth("u", "p");
-    auth.push_layout(&good, "drums/small:v1");
+    let auth = Registry::start_with_basic_auth("u", "p").expect("start the test registry");
+    auth.push_layout(&good, "drums/small:v1")
+        .expect("push the layout");
     let err = fails(
         &d.drums(&[
             "pull",
@@ -492,7 +495,7 @@ fn bad_images_are_refused_and_leave_nothing() {
         "401",
     );
     assert!(err.contains("not authorised"), "{err}");
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let err = fails(
         &d.drums(&[
             "pull",
@@ -506,8 +509,10 @@ fn bad_images_are_refused_and_leave_nothing() {
     let top_digest = image.layers[1].digest();
     let good2 = work.path().join("good2");
     oci::write_layout(&good2, &image, "v2");
-    reg.push_layout(&good2, "drums/small:v2");
-    reg.corrupt_blob(&top_digest, b"something else entirely");
+    reg.push_layout(&good2, "drums/small:v2")
+        .expect("push the layout");
+    reg.corrupt_blob(&top_digest, b"something else entirely")
+        .expect("corrupt the blob");
     let err = fails(
         &d.drums(&[
             "pull",
@@ -547,8 +552,9 @@ fn a_fault_at_every_step_of_a_pull_or_import_leaves_nothing_and_a_crash_is_swept
         .file("etc/two", b"2\n", 0o644, 0, 0)
         .build(true);
     oci::write_layout(&layout, &small(top), "v1");
-    let reg = Registry::start();
-    reg.push_layout(&layout, "drums/small:v1");
+    let reg = Registry::start().expect("start the test registry");
+    reg.push_layout(&layout, "drums/small:v1")
+        .expect("push the layout");
     let reference = format!("{}/drums/small:v1", reg.addr());
     let mut d = TestDaemon::start();
     for point in ["image.fetch", "image.layer", "image.commit"] {
@@ -759,8 +765,9 @@ fn a_layer_with_device_nodes_is_stored_without_them_and_runs() {
     let layout = work.path().join("layout");
     oci::write_layout(&layout, &image, "v1");
     let mut d = TestDaemon::start();
-    let reg = Registry::start();
-    reg.push_layout(&layout, "drums/devices:v1");
+    let reg = Registry::start().expect("start the test registry");
+    reg.push_layout(&layout, "drums/devices:v1")
+        .expect("push the layout");
     let pulled = format!("{}/drums/devices:v1", reg.addr());
     let imported = ok(
         &d.drums(&["image", "import", layout.to_str().unwrap()]),

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::oci::{self, ImageSpec, Layer, Tamper};
-use common::registry::Registry;
+use drums_testkit::Registry;
 use serde_json::Value;
 
 fn skopeo_inspect(reg: &Registry, name_tag: &str, raw: bool) -> Value {
@@ -76,10 +76,11 @@ fn push_inspect_and_convert_a_two_layer_image() {
     let (manifest, config) = oci::write_layout(&layout, &image, "latest");
     let t_layout = t.elapsed();
 
-    let reg = Registry::start();
+    let reg = Registry::start().expect("start the test registry");
     let pid = reg.pid();
-    assert_eq!(reg.get_status("/v2/"), 200);
-    reg.push_layout(&layout, "drums/two:latest");
+    assert_eq!(reg.get_status("/v2/").unwrap(), 200);
+    reg.push_layout(&layout, "drums/two:latest")
+        .expect("push the layout");
     let t_push = t.elapsed();
 
     let info = skopeo_inspect(&reg, "drums/two:latest", false);
@@ -98,7 +99,9 @@ fn push_inspect_and_convert_a_two_layer_image() {
     assert_eq!(raw["config"]["digest"], config.as_str());
     assert_eq!(raw["layers"][0]["mediaType"], oci::MEDIA_LAYER_TAR);
     assert_eq!(raw["layers"][1]["mediaType"], oci::MEDIA_LAYER_GZIP);
-    let (status, body) = reg.get(&format!("/v2/drums/two/blobs/{}", image.layers[1].digest()));
+    let (status, body) = reg
+        .get(&format!("/v2/drums/two/blobs/{}", image.layers[1].digest()))
+        .unwrap();
     assert_eq!(status, 200);
     assert_eq!(
         body,
@@ -108,8 +111,11 @@ fn push_inspect_and_convert_a_two_layer_image() {
     // What no client can push: a blob whose bytes do not match its digest.
     let mut bad = image.layers[1].bytes().to_vec();
     bad[10] ^= 0xff;
-    reg.corrupt_blob(&image.layers[1].digest(), &bad);
-    let (status, body) = reg.get(&format!("/v2/drums/two/blobs/{}", image.layers[1].digest()));
+    reg.corrupt_blob(&image.layers[1].digest(), &bad)
+        .expect("corrupt the blob");
+    let (status, body) = reg
+        .get(&format!("/v2/drums/two/blobs/{}", image.layers[1].digest()))
+        .unwrap();
     assert_eq!(
         (status, body),
         (200, bad),
@@ -211,16 +217,18 @@ fn tar_names(f: &Path) -> Vec<String> {
 #[test]
 fn basic_auth_registry_refuses_anonymous_and_takes_creds() {
     common::require_root();
-    let reg = Registry::start_with_basic_auth("drums", "s3cret-pass");
+    let reg =
+        Registry::start_with_basic_auth("drums", "s3cret-pass").expect("start the test registry");
     let pid = reg.pid();
-    assert_eq!(reg.get_status("/v2/"), 401, "anonymous GET /v2/");
-    assert_eq!(reg.get("/v2/").0, 200, "GET /v2/ with credentials");
+    assert_eq!(reg.get_status("/v2/").unwrap(), 401, "anonymous GET /v2/");
+    assert_eq!(reg.get("/v2/").unwrap().0, 200, "GET /v2/ with credentials");
 
     let work = tempfile::tempdir().unwrap();
     let layout = work.path().join("layout");
     let (manifest, _) = oci::write_layout(&layout, &small_image(), "v1");
-    reg.push_layout(&layout, "drums/small:v1");
-    assert_eq!(reg.get_status("/v2/drums/small/manifests/v1"), 401);
+    reg.push_layout(&layout, "drums/small:v1")
+        .expect("push the layout");
+    assert_eq!(reg.get_status("/v2/drums/small/manifests/v1").unwrap(), 401);
     let info = skopeo_inspect(&reg, "drums/small:v1", false);
     assert_eq!(info["Digest"], manifest.as_str());
 

@@ -8,23 +8,18 @@
 //! hashed twice on the way: the tar (the config's diff_id) and the gzip (the
 //! blob's digest).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use drums_testkit::oci::{
+    append_tree, DEFAULT_PATH, FIXED_MTIME, MEDIA_CONFIG, MEDIA_INDEX, MEDIA_LAYER_GZIP,
+    MEDIA_MANIFEST, OCI_LAYOUT, REF_NAME,
+};
 use flate2::write::GzEncoder;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-
-const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const REF_NAME: &str = "org.opencontainers.image.ref.name";
-const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A layer's blob in the layout.
 #[derive(Clone, Debug)]
@@ -51,7 +46,7 @@ impl Layout {
     pub fn create(dir: &Path) -> Result<Layout> {
         std::fs::create_dir_all(dir.join("blobs/sha256"))
             .with_context(|| format!("create layout {}", dir.display()))?;
-        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
+        std::fs::write(dir.join("oci-layout"), OCI_LAYOUT)
             .with_context(|| format!("write {}/oci-layout", dir.display()))?;
         Ok(Layout {
             dir: dir.to_owned(),
@@ -65,12 +60,8 @@ impl Layout {
 
     /// A layer of the whole tree at `root`, the root itself left out.
     pub fn layer_from_dir(&self, root: &Path) -> Result<Layer> {
-        self.layer(|b| {
-            let mut entries = 0;
-            append_tree(b, root, Path::new(""), &mut HashMap::new(), &mut entries)?;
-            Ok(entries)
-        })
-        .with_context(|| format!("layer of {}", root.display()))
+        self.layer(|b| Ok(append_tree(b, root)?))
+            .with_context(|| format!("layer of {}", root.display()))
     }
 
     /// A layer of regular files (path in the image, content), root's, 0644,
@@ -84,7 +75,7 @@ impl Layout {
                 h.set_uid(0);
                 h.set_gid(0);
                 // Fixed, so that the same files make the same layer.
-                h.set_mtime(1_700_000_000);
+                h.set_mtime(FIXED_MTIME);
                 h.set_size(data.len() as u64);
                 b.append_data(&mut h, path, data.as_slice())?;
             }
@@ -94,7 +85,7 @@ impl Layout {
 
     /// Stream a tar, filled by `fill` (which returns its entry count),
     /// through gzip into a new blob.
-    fn layer(&self, fill: impl FnOnce(&mut LayerTar) -> io::Result<u64>) -> Result<Layer> {
+    fn layer(&self, fill: impl FnOnce(&mut LayerTar) -> Result<u64>) -> Result<Layer> {
         let blobs = self.dir.join("blobs/sha256");
         let tmp = tempfile::NamedTempFile::new_in(&blobs)
             .with_context(|| format!("create a blob in {}", blobs.display()))?;
@@ -137,7 +128,7 @@ impl Layout {
             "created": "2024-01-01T00:00:00Z",
             "architecture": "amd64",
             "os": "linux",
-            "config": { "Env": [PATH_ENV] },
+            "config": { "Env": [DEFAULT_PATH] },
             "rootfs": { "type": "layers", "diff_ids": diff_ids },
             "history": layers.iter().map(|_| json!({
                 "created": "2024-01-01T00:00:00Z",
@@ -219,66 +210,6 @@ impl<W: Write> Write for Hashing<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
-}
-
-/// Append `root/rel`'s entries in name order (the same tree makes the same
-/// tar): numeric owners, modes, mtimes, symlinks, hard links and fifos.
-/// Device nodes and sockets are left out (a runtime gives a container its
-/// /dev), and so are extended attributes: no arm's result depends on them.
-fn append_tree<W: Write>(
-    b: &mut tar::Builder<W>,
-    root: &Path,
-    rel: &Path,
-    links: &mut HashMap<(u64, u64), PathBuf>,
-    entries: &mut u64,
-) -> io::Result<()> {
-    let dir = root.join(rel);
-    let mut names = std::fs::read_dir(&dir)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<Vec<_>>>()?;
-    names.sort();
-    for name in names {
-        let path = rel.join(&name);
-        let full = root.join(&path);
-        let meta = std::fs::symlink_metadata(&full)?;
-        let ft = meta.file_type();
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(meta.mode() & 0o7777);
-        h.set_uid(meta.uid().into());
-        h.set_gid(meta.gid().into());
-        h.set_mtime(meta.mtime().max(0) as u64);
-        h.set_size(0);
-        if ft.is_dir() {
-            h.set_entry_type(tar::EntryType::Directory);
-            b.append_data(&mut h, &path, io::empty())?;
-            append_tree(b, root, &path, links, entries)?;
-        } else if ft.is_symlink() {
-            h.set_entry_type(tar::EntryType::Symlink);
-            b.append_link(&mut h, &path, std::fs::read_link(&full)?)?;
-        } else if ft.is_file() {
-            let first = (meta.nlink() > 1)
-                .then(|| links.get(&(meta.dev(), meta.ino())).cloned())
-                .flatten();
-            if let Some(first) = first {
-                h.set_entry_type(tar::EntryType::Link);
-                b.append_link(&mut h, &path, first)?;
-            } else {
-                if meta.nlink() > 1 {
-                    links.insert((meta.dev(), meta.ino()), path.clone());
-                }
-                h.set_entry_type(tar::EntryType::Regular);
-                h.set_size(meta.len());
-                b.append_data(&mut h, &path, File::open(&full)?)?;
-            }
-        } else if ft.is_fifo() {
-            h.set_entry_type(tar::EntryType::Fifo);
-            b.append_data(&mut h, &path, io::empty())?;
-        } else {
-            continue;
-        }
-        *entries += 1;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,6 @@ use hyper::Method;
 
 pub mod llm;
 pub mod oci;
-pub mod registry;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 

@@ -10,7 +10,6 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -18,21 +17,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use drums_testkit::oci::{append_tree, FIXED_MTIME, OCI_LAYOUT};
+// Each test binary compiles this module and uses some of these.
+#[allow(unused_imports)]
+pub use drums_testkit::oci::{
+    DEFAULT_PATH, MEDIA_CONFIG, MEDIA_INDEX, MEDIA_LAYER_GZIP, MEDIA_LAYER_TAR, MEDIA_LAYER_ZSTD,
+    MEDIA_MANIFEST, REF_NAME,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-
-pub const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-pub const MEDIA_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-pub const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-pub const MEDIA_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
-pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
-pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Entries a test writes by hand get this mtime, so a layer's digest does
-/// not change from run to run.
-const FIXED_MTIME: u64 = 1_700_000_000;
 
 /// "sha256:HEX" of `bytes`.
 pub fn sha256_digest(bytes: &[u8]) -> String {
@@ -71,16 +64,11 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// A tar of the whole tree at `root`, paths relative without a "./"
-    /// prefix ("etc/passwd"), the root itself left out. Numeric owners,
-    /// modes, mtimes, symlinks and hard links are kept; device nodes and
-    /// sockets are skipped (a layer from a registry may hold devices, but an
-    /// image rootfs's /dev is the runtime's); FIFOs are kept. Extended
-    /// attributes (file capabilities) are not written.
+    /// A tar of the whole tree at `root`, as [`append_tree`] writes it
+    /// (name order, the root left out, devices and sockets skipped).
     pub fn from_dir(root: &Path, gzip: bool) -> Layer {
         let mut b = tar::Builder::new(Vec::new());
-        let mut links = HashMap::new();
-        append_tree(&mut b, root, Path::new(""), &mut links);
+        append_tree(&mut b, root).expect("a layer of the tree");
         Layer::from_tar(b.into_inner().unwrap(), gzip)
     }
 
@@ -147,62 +135,6 @@ impl Layer {
             MEDIA_LAYER_GZIP
         } else {
             MEDIA_LAYER_TAR
-        }
-    }
-}
-
-/// Walk `root/rel` in name order (so the tar is the same every time) and
-/// append each entry.
-fn append_tree<W: Write>(
-    b: &mut tar::Builder<W>,
-    root: &Path,
-    rel: &Path,
-    links: &mut HashMap<(u64, u64), PathBuf>,
-) {
-    let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
-        .unwrap_or_else(|e| panic!("read {}: {e}", root.join(rel).display()))
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    for name in names {
-        let path = rel.join(&name);
-        let full = root.join(&path);
-        let meta = std::fs::symlink_metadata(&full).unwrap();
-        let ft = meta.file_type();
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(meta.mode() & 0o7777);
-        h.set_uid(meta.uid() as u64);
-        h.set_gid(meta.gid() as u64);
-        h.set_mtime(meta.mtime().max(0) as u64);
-        h.set_size(0);
-        if ft.is_dir() {
-            h.set_entry_type(tar::EntryType::Directory);
-            b.append_data(&mut h, &path, std::io::empty()).unwrap();
-            append_tree(b, root, &path, links);
-        } else if ft.is_symlink() {
-            h.set_entry_type(tar::EntryType::Symlink);
-            let target = std::fs::read_link(&full).unwrap();
-            b.append_link(&mut h, &path, &target).unwrap();
-        } else if ft.is_file() {
-            if meta.nlink() > 1 {
-                if let Some(first) = links.get(&(meta.dev(), meta.ino())) {
-                    h.set_entry_type(tar::EntryType::Link);
-                    b.append_link(&mut h, &path, first).unwrap();
-                    continue;
-                }
-                links.insert((meta.dev(), meta.ino()), path.clone());
-            }
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(meta.len());
-            let f = std::fs::File::open(&full).unwrap();
-            b.append_data(&mut h, &path, f).unwrap();
-        } else {
-            use std::os::unix::fs::FileTypeExt;
-            if ft.is_fifo() {
-                h.set_entry_type(tar::EntryType::Fifo);
-                b.append_data(&mut h, &path, std::io::empty()).unwrap();
-            }
-            // Character and block devices, sockets: skipped.
         }
     }
 }
@@ -424,7 +356,7 @@ pub fn write_layout_with(
     tamper: Tamper,
 ) -> (String, String) {
     std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    std::fs::write(dir.join("oci-layout"), OCI_LAYOUT).unwrap();
     let n = image.layers.len();
     let hits_layer = matches!(
         tamper,
@@ -560,7 +492,7 @@ pub fn to_oci_archive(layout: &Path, tag: &str, file: &Path) {
 /// and every flaw kept: what no tool that checks would write.
 pub fn tar_layout(layout: &Path, file: &Path) {
     let mut b = tar::Builder::new(std::fs::File::create(file).unwrap());
-    append_tree(&mut b, layout, Path::new(""), &mut HashMap::new());
+    append_tree(&mut b, layout).expect("a tar of the layout");
     b.into_inner().unwrap().sync_all().unwrap();
 }
 
