@@ -86,28 +86,25 @@ enum Step {
     Ready,
 }
 
-impl Start<'_> {
-    /// The fault point of `step` on this path: a cold start's are named
-    /// `create.*`, a restore's `restore.*` (crate::faults lists both).
-    fn point(&self, step: Step) -> Option<&'static str> {
-        let cold = matches!(self, Start::Cold);
-        Some(match (step, cold) {
-            (Step::Dir, true) => "create.dir",
-            (Step::Dir, false) => return None,
-            (Step::Upper, true) => "create.subvolume",
-            (Step::Upper, false) => "restore.snapshot",
-            (Step::Cgroup, true) => "create.cgroup",
-            (Step::Cgroup, false) => "restore.cgroup",
-            (Step::Mount, true) => "create.mount",
-            (Step::Mount, false) => "restore.mount",
-            (Step::Processes, true) => "create.spawn",
-            (Step::Processes, false) => "restore.criu",
-            (Step::Network, true) => "create.network",
-            (Step::Network, false) => "restore.network",
-            (Step::Ready, true) => "create.ready",
-            (Step::Ready, false) => "restore.hygiene",
-        })
-    }
+/// The fault point of `step` on a cold path (`create.*`) or a restore's
+/// (`restore.*`); crate::faults lists both.
+fn point(cold: bool, step: Step) -> Option<&'static str> {
+    Some(match (step, cold) {
+        (Step::Dir, true) => "create.dir",
+        (Step::Dir, false) => return None,
+        (Step::Upper, true) => "create.subvolume",
+        (Step::Upper, false) => "restore.snapshot",
+        (Step::Cgroup, true) => "create.cgroup",
+        (Step::Cgroup, false) => "restore.cgroup",
+        (Step::Mount, true) => "create.mount",
+        (Step::Mount, false) => "restore.mount",
+        (Step::Processes, true) => "create.spawn",
+        (Step::Processes, false) => "restore.criu",
+        (Step::Network, true) => "create.network",
+        (Step::Network, false) => "restore.network",
+        (Step::Ready, true) => "create.ready",
+        (Step::Ready, false) => "restore.hygiene",
+    })
 }
 
 /// Where a session's processes run, once they do: what the network step
@@ -127,7 +124,8 @@ pub(crate) async fn boot(
 ) -> Result<i32, SessionError> {
     let id = &rec.id;
     let record = |kind, key: &str| host.catalog.record(id, kind, key);
-    let check = |step| match plan.start.point(step) {
+    let is_cold = matches!(plan.start, Start::Cold);
+    let check = |step| match point(is_cold, step) {
         Some(p) => host.faults.check(p),
         None => Ok(()),
     };
@@ -333,4 +331,38 @@ fn veth(
         egress,
         listed,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::{CREATE_POINTS, DESKTOP_POINTS, RESTORE_POINTS};
+
+    const STEPS: [Step; 7] = [
+        Step::Dir,
+        Step::Upper,
+        Step::Cgroup,
+        Step::Mount,
+        Step::Processes,
+        Step::Network,
+        Step::Ready,
+    ];
+
+    /// The one path keeps the fault points a create and a restore had, in
+    /// their order: what `drums`' fault tests arm by name.
+    #[test]
+    fn each_path_passes_its_listed_fault_points_in_order() {
+        let points =
+            |cold: bool| -> Vec<&str> { STEPS.iter().filter_map(|s| point(cold, *s)).collect() };
+        let drumsd_side = |all: &[&'static str]| -> Vec<&'static str> {
+            all.iter()
+                .copied()
+                .filter(|p| !p.starts_with("init."))
+                .collect()
+        };
+        assert_eq!(points(true), drumsd_side(CREATE_POINTS));
+        assert_eq!(points(false), RESTORE_POINTS);
+        // The desktop's own points are checked by the ready step itself.
+        assert_eq!(DESKTOP_POINTS, ["create.desktop", "restore.desktop"]);
+    }
 }
