@@ -10,12 +10,14 @@ pub mod cpus;
 pub mod exec;
 pub mod guest;
 pub mod size;
+pub mod states;
 pub mod types;
 
 pub use client::{Client, ClientError};
 pub use cpus::{check_cpus, parse_cpus, CpusError, MIN_CPUS};
 pub use exec::{exec, ExecError, Stream};
 pub use size::{parse_size, SizeError};
+pub use states::*;
 pub use types::*;
 
 /// The port of drumsd's session API on the bridge address (see

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::states::{Egress, JobState, Network, Priority, Profile, SessionState, VersionState};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/sessions`.
@@ -74,15 +75,13 @@ pub struct Limits {
 pub struct Session {
     pub id: String,
     pub name: String,
-    pub profile: String,
+    pub profile: Profile,
     pub image: String,
-    /// `creating`, `running` or `removing`.
-    pub state: String,
+    pub state: SessionState,
     pub hostname: String,
-    pub network: String,
-    /// `none` or `nat`.
-    #[serde(default = "egress_none")]
-    pub egress: String,
+    pub network: Network,
+    #[serde(default)]
+    pub egress: Egress,
     pub ip: Option<String>,
     pub mac: Option<String>,
     pub limits: Limits,
@@ -570,11 +569,6 @@ pub struct AgentMarked {
     pub pids: Vec<i32>,
 }
 
-/// What a session made before egress existed has.
-fn egress_none() -> String {
-    "none".into()
-}
-
 /// `GET /v1/keys/host`: the key this host signs checkpoint archives with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostKey {
@@ -672,8 +666,7 @@ pub struct SessionVersion {
     pub session_id: String,
     /// 1, 2, … in the session's history.
     pub number: u64,
-    /// pending | dumping | versioning | done | failed
-    pub state: String,
+    pub state: VersionState,
     /// A person pinned it as a checkpoint (its name), so retention keeps it.
     pub pinned: bool,
     pub name: String,
@@ -749,10 +742,9 @@ pub struct RollingBack {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub id: String,
-    /// queued | running | done | failed
-    pub state: String,
-    /// normal | high (while queued)
-    pub priority: String,
+    pub state: JobState,
+    /// Its queue (while queued).
+    pub priority: Priority,
     /// The version it took, once done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
@@ -763,7 +755,7 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_as: Option<String>,
+    pub started_as: Option<Priority>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

@@ -296,7 +296,7 @@ async fn turn(
                 e.checkpoint
             ))
         })?;
-    if v.state != "done" || v.took != want.as_str() {
+    if v.state != drums_api::VersionState::Done || v.took != want.as_str() {
         return Err(mislabelled(format!(
             "version {} of session {} is {} and took {:?}, not {} (turn class {:?}, reason {:?})",
             v.number,
@@ -433,7 +433,7 @@ async fn current(c: &Client, s: &Session) -> Result<Session, Failure> {
 /// The live init of `s`, which must have changed from `before`.
 fn init_of(s: &Session, before: Option<i32>) -> Result<i32, Failure> {
     match s.init_pid {
-        Some(pid) if s.state == "running" && Some(pid) != before => Ok(pid),
+        Some(pid) if s.state == drums_api::SessionState::Running && Some(pid) != before => Ok(pid),
         _ => Err(Failure::new(
             exit::INTERNAL,
             format!(
@@ -632,7 +632,8 @@ async fn batch(
                     None::<&()>,
                 )
                 .await?;
-            started_high = j.state == "queued" && j.priority == "high";
+            started_high =
+                j.state == drums_api::JobState::Queued && j.priority == drums_api::Priority::High;
         }
         Ok::<_, Failure>((job, end, promoted, started_high))
     }))
@@ -652,8 +653,8 @@ async fn batch(
     let mut out = Vec::new();
     for ((_, end, promoted, asked_high), j) in submitted.into_iter().zip(finished) {
         let j = j?;
-        let queued = match (&j.state[..], j.queued_ms) {
-            ("done", Some(ms)) => ms / 1e3,
+        let queued = match (j.state, j.queued_ms) {
+            (drums_api::JobState::Done, Some(ms)) => ms / 1e3,
             _ => {
                 return Err(Failure::new(
                     exit::INTERNAL,
@@ -665,7 +666,7 @@ async fn batch(
             queued,
             end,
             promoted,
-            started_high: asked_high && j.started_as.as_deref() == Some("high"),
+            started_high: asked_high && j.started_as == Some(drums_api::Priority::High),
         });
     }
     Ok(out)

@@ -19,10 +19,11 @@ mod images;
 mod journal;
 mod pools;
 mod versions;
+pub use drums_api::{Egress, Network, Profile, SessionState, VersionState};
 pub use images::{ImageRow, LayerRow};
 pub use journal::{Command, Exchange};
 pub use pools::{PoolRecord, MAX_POOL_SIZE};
-pub use versions::{VersionRecord, IN_FLIGHT};
+pub use versions::VersionRecord;
 
 /// The schema version this build reads and writes. A change to any table needs a
 /// bump and a step in [`migrate`]; see docs/formats.md.
@@ -158,15 +159,15 @@ pub struct Resource {
 pub struct SessionRecord {
     pub id: String,
     pub name: String,
-    pub profile: String,
+    pub profile: Profile,
     pub image: String,
     /// creating | running | removing
-    pub state: String,
+    pub state: SessionState,
     pub hostname: String,
     /// none | bridge
-    pub network: String,
+    pub network: Network,
     /// none | nat: whether a bridge session may leave the host through NAT.
-    pub egress: String,
+    pub egress: Egress,
     pub ip: Option<String>,
     pub mac: Option<String>,
     /// The session's limits as JSON (owned by the session layer).
@@ -458,7 +459,12 @@ impl Catalog {
         Ok(rec)
     }
 
-    pub fn set_session_state(&self, id: &str, state: &str, init_pid: Option<i32>) -> Result<()> {
+    pub fn set_session_state(
+        &self,
+        id: &str,
+        state: SessionState,
+        init_pid: Option<i32>,
+    ) -> Result<()> {
         self.conn()
             .execute(
                 "UPDATE sessions SET state = ?2, init_pid = COALESCE(?3, init_pid) WHERE id = ?1",
@@ -699,11 +705,11 @@ mod tests {
         SessionRecord {
             id: id.into(),
             name: name.into(),
-            profile: "headless".into(),
+            profile: Profile::Headless,
             image: "default".into(),
-            state: "creating".into(),
+            state: SessionState::Creating,
             hostname: name.into(),
-            network: "bridge".into(),
+            network: Network::Bridge,
             ip: None,
             mac: None,
             limits: serde_json::json!({"memory_bytes": 1}),
@@ -711,7 +717,7 @@ mod tests {
             created_at_ms: 1,
             generation: 0,
             origin: None,
-            egress: "none".into(),
+            egress: Egress::None,
             privileged: false,
             id_base: None,
             pool: None,
@@ -878,7 +884,7 @@ mod tests {
         }
         let c = Catalog::open(&p).unwrap();
         let old = c.session("old").unwrap().unwrap();
-        assert_eq!(old.egress, "none");
+        assert_eq!(old.egress, Egress::None);
         assert!(!old.privileged);
         // Schema 5: a checkpoint from before versions is a pinned full one,
         // outside any numbered history.

@@ -17,7 +17,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::{any_row, sql, Catalog, CatalogError, Result};
+use crate::{any_row, sql, Catalog, CatalogError, Result, VersionState};
 
 /// A version as the catalog stores it. Its manifest lives next to its
 /// artifacts (`manifest.json`); this copy makes listing cheap.
@@ -28,7 +28,7 @@ pub struct VersionRecord {
     pub name: String,
     pub session_id: String,
     /// pending | dumping | versioning | done | failed | removing
-    pub state: String,
+    pub state: VersionState,
     pub created_at_ms: i64,
     pub manifest: serde_json::Value,
     /// Its number in its session's history (1, 2, …), given at insert;
@@ -45,9 +45,6 @@ pub struct VersionRecord {
     /// `None` for a version without process state (the `files` policy).
     pub process_of: Option<String>,
 }
-
-/// The states in which a version is still being made.
-pub const IN_FLIGHT: [&str; 3] = ["pending", "dumping", "versioning"];
 
 const SELECT_VERSION: &str = "SELECT id, name, session_id, state, created_at_ms, manifest, \
      version, parent, pinned, files_of, process_of FROM checkpoints";
@@ -178,7 +175,7 @@ impl Catalog {
         Ok(())
     }
 
-    pub fn set_version_state(&self, id: &str, state: &str) -> Result<()> {
+    pub fn set_version_state(&self, id: &str, state: VersionState) -> Result<()> {
         self.conn()
             .execute(
                 "UPDATE checkpoints SET state = ?2 WHERE id = ?1",
@@ -285,7 +282,7 @@ mod tests {
             id: id.into(),
             name: id.into(),
             session_id: session.into(),
-            state: "pending".into(),
+            state: VersionState::Pending,
             created_at_ms: 1,
             manifest: serde_json::json!({}),
             number: Some(0),
@@ -326,7 +323,7 @@ mod tests {
         )
         .unwrap();
         let got = c.version("warm").unwrap().unwrap();
-        assert_eq!(got.state, "done");
+        assert_eq!(got.state, VersionState::Done);
         assert!(got.pinned);
         assert_eq!(got.manifest["format_version"], 1);
         c.delete_version("c1").unwrap();
@@ -398,7 +395,7 @@ mod tests {
         ));
         assert_eq!(c.owned_by("ckpt:c1").unwrap().len(), 2);
 
-        c.set_version_state("c1", "versioning").unwrap();
+        c.set_version_state("c1", VersionState::Versioning).unwrap();
         c.publish_version(
             "c1",
             &serde_json::json!({"format_version": 2}),
@@ -408,7 +405,7 @@ mod tests {
         )
         .unwrap();
         let got = c.version("c1").unwrap().unwrap();
-        assert_eq!(got.state, "done");
+        assert_eq!(got.state, VersionState::Done);
         assert_eq!(got.files_of.as_deref(), Some("c1"));
         assert_eq!(got.process_of, None);
         assert_eq!(got.manifest["format_version"], 2);

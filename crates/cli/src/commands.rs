@@ -209,9 +209,9 @@ pub async fn ps(c: &Client, json: bool) -> Result<i32, Failure> {
             vec![
                 s.id.clone(),
                 s.name.clone(),
-                s.profile.clone(),
+                s.profile.to_string(),
                 crate::images::short_image(&s.image),
-                s.state.clone(),
+                s.state.to_string(),
                 s.ip.clone().unwrap_or_else(|| "-".into()),
                 s.hostname.clone(),
                 limits_cell(&s.limits),

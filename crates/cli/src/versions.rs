@@ -30,7 +30,7 @@ pub async fn list(c: &Client, session: &str, json: bool) -> Result<i32, Failure>
             vec![
                 v.number.to_string(),
                 v.id.clone(),
-                v.state.clone(),
+                v.state.to_string(),
                 v.turn.map_or_else(|| "-".into(), |t| t.to_string()),
                 v.class.clone(),
                 v.took.clone(),

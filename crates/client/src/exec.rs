@@ -52,7 +52,7 @@ async fn exec_broke(c: &Client, session: &str, otherwise: String) -> Failure {
         )
         .await
     {
-        Ok(s) => s.state == "removing",
+        Ok(s) => s.state == drums_api::SessionState::Removing,
         Err(e) => matches!(e, drums_api::ClientError::Api { status: 404, .. }),
     };
     if removed {

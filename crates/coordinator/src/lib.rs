@@ -979,7 +979,12 @@ impl<S: Sessions> Coordinator<S> {
             }
         }
         if let Some(job) = p.record.job.clone() {
-            let done = |j: &drums_api::Job| j.state == "done" || j.state == "failed";
+            let done = |j: &drums_api::Job| {
+                matches!(
+                    j.state,
+                    drums_api::JobState::Done | drums_api::JobState::Failed
+                )
+            };
             let mut state = self.manager.job(&job, false).await.ok();
             if gate && !state.as_ref().is_some_and(done) {
                 let held = Instant::now();

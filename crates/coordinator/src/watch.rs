@@ -103,7 +103,7 @@ pub(crate) async fn run<S: Sessions>(c: Weak<Coordinator<S>>) {
                     .manager
                     .get(&id)
                     .ok()
-                    .filter(|s| s.state == "running")?
+                    .filter(|s| s.state == drums_api::SessionState::Running)?
                     .init_pid?;
                 Some((pid, drums_session::process::start_time(pid)?))
             });

@@ -348,7 +348,10 @@ impl Run {
         while Instant::now() < deadline {
             match self.m.get(&self.session.id) {
                 Err(_) => return false,
-                Ok(now) if now.state != "running" || now.init_pid != self.session.init_pid => {
+                Ok(now)
+                    if now.state != drums_api::SessionState::Running
+                        || now.init_pid != self.session.init_pid =>
+                {
                     return true
                 }
                 Ok(_) => {}

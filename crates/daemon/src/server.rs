@@ -622,7 +622,9 @@ pub(crate) fn guest_failed(
         return e.into();
     }
     match m.get(&s.id) {
-        Ok(now) if now.state == "running" && now.init_pid == s.init_pid => e.into(),
+        Ok(now) if now.state == drums_api::SessionState::Running && now.init_pid == s.init_pid => {
+            e.into()
+        }
         _ => ApiError::new(
             StatusCode::CONFLICT,
             "conflict",

@@ -258,7 +258,10 @@ async fn an_agent_rolls_its_own_session_back_from_inside() {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let now = session(&d, "agent").await;
-        if now.state == "running" && now.init_pid != s.init_pid && d.sh("agent", "true").0 == 0 {
+        if now.state == drums_api::SessionState::Running
+            && now.init_pid != s.init_pid
+            && d.sh("agent", "true").0 == 0
+        {
             assert_eq!((&now.id, &now.ip), (&s.id, &s.ip), "same identity");
             break;
         }

@@ -82,7 +82,7 @@ fn three_siblings_serve_and_are_not_clones() {
         let mut answers = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for s in &r.sessions {
-            assert_eq!(s.state, "running");
+            assert_eq!(s.state, drums_api::SessionState::Running);
             assert_eq!(s.generation, 1);
             assert_eq!(s.origin.as_deref(), Some(ck.id.as_str()));
             let ip = s.ip.clone().unwrap();

@@ -530,7 +530,7 @@ fn checkpoint_rows_and_exports() {
         // Nothing kept: only warm, no pending row blocking a name.
         let rows = catalog_checkpoints(&d);
         assert_eq!(rows.len(), 1, "{what}: {rows:?}");
-        assert_eq!(rows[0].state, "done", "{what}");
+        assert_eq!(rows[0].state, drums_api::VersionState::Done, "{what}");
     }
 
     // The whole lifecycle, each event one INFO line naming its request.

@@ -225,7 +225,10 @@ async fn the_official_sdks_talk_through_the_proxy_and_each_request_ends_a_turn()
         .collect();
     let listed: Vec<_> = v.versions.iter().map(|v| v.id.clone()).collect();
     assert_eq!(listed, newest);
-    assert!(v.versions.iter().all(|v| v.state == "done"));
+    assert!(v
+        .versions
+        .iter()
+        .all(|v| v.state == drums_api::VersionState::Done));
 
     // A rollback starts the session's turns again: the next request has no
     // turn to end (recorded as the first), the one after ends a turn again.
@@ -296,7 +299,7 @@ async fn an_answer_is_held_exactly_while_its_version_is_not_durable() {
         .await
         .unwrap();
     let made = v.versions.iter().find(|x| x.id == version).unwrap();
-    assert_eq!(made.state, "done", "{made:#?}");
+    assert_eq!(made.state, drums_api::VersionState::Done, "{made:#?}");
     let process_ms = made.process.as_ref().map_or(0.0, |c| c.total_ms);
     assert!(
         slow.held_ms > 100.0 && process_ms > slow.held_ms * 0.5,

@@ -81,7 +81,7 @@ fn clean_desktop_siblings_are_ready_and_not_clones() {
             .create(&desktop())
             .await
             .unwrap_or_else(|e| panic!("create a desktop: {e}\n{}", d.log()));
-        assert_eq!(src.profile, "desktop");
+        assert_eq!(src.profile, drums_api::Profile::Desktop);
         let (status, png) = osworld_get(src.ip.as_deref().unwrap(), "/screenshot");
         assert_eq!(status, 200);
         assert_eq!(png_size(&png), (1280, 800));

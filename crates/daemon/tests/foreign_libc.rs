@@ -91,7 +91,7 @@ fn session_comes_up_and_restores(d: &TestDaemon, image: &str) {
             .await
             .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()));
         let sib = &r.sessions[0];
-        assert_eq!(sib.state, "running");
+        assert_eq!(sib.state, drums_api::SessionState::Running);
         let (code, out, err) = d.sh(&sib.id, &format!("echo ok; cat /root-file; {alive}"));
         assert_eq!(code, 0, "{err}");
         assert_eq!(

@@ -380,7 +380,7 @@ async fn a_session_has_a_budget_of_self_rollbacks() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = session(&d, "s").await;
-        if now.state == "running" && now.init_pid != first {
+        if now.state == drums_api::SessionState::Running && now.init_pid != first {
             break;
         }
         assert!(
@@ -467,7 +467,7 @@ async fn a_sessions_turn_ends_have_a_budget_of_versions() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let v = versions(&d, "s").await;
-        if v.len() == 3 && v.iter().all(|v| v.state == "done") {
+        if v.len() == 3 && v.iter().all(|v| v.state == drums_api::VersionState::Done) {
             break;
         }
         assert!(Instant::now() < deadline, "{v:#?}");

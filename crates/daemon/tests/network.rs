@@ -219,7 +219,7 @@ fn egress_nat_reaches_the_outside_and_nothing_else() {
     );
     let nat: drums_api::Session = serde_json::from_slice(&out.stdout).unwrap();
     assert_schema("Session", &serde_json::to_value(&nat).unwrap());
-    assert_eq!(nat.egress, "nat");
+    assert_eq!(nat.egress, drums_api::Egress::Nat);
     assert_eq!(
         std::fs::read_to_string(IP_FORWARD).unwrap().trim(),
         "1",
@@ -227,7 +227,7 @@ fn egress_nat_reaches_the_outside_and_nothing_else() {
     );
     // And the default, through the API.
     let closed = run(d.create(&CreateSession::default())).unwrap();
-    assert_eq!(closed.egress, "none");
+    assert_eq!(closed.egress, drums_api::Egress::None);
 
     let (_, route, _) = d.sh(&nat.id, "ip -4 route show default");
     assert!(
@@ -254,7 +254,7 @@ fn egress_nat_reaches_the_outside_and_nothing_else() {
         None::<&()>,
     ))
     .unwrap();
-    assert_eq!(got.egress, "nat");
+    assert_eq!(got.egress, drums_api::Egress::Nat);
 
     // A restored sibling keeps its checkpoint's egress, with its own address.
     let ck = run(d.checkpoint(&nat.id, false, true));
@@ -262,7 +262,7 @@ fn egress_nat_reaches_the_outside_and_nothing_else() {
         .unwrap_or_else(|e| panic!("restore: {e}\n{}", d.log()))
         .sessions
         .remove(0);
-    assert_eq!(sibling.egress, "nat");
+    assert_eq!(sibling.egress, drums_api::Egress::Nat);
     assert_ne!(sibling.ip, nat.ip);
     let (code, _, err) = d.sh(&sibling.id, &connect_script(World::ADDR, PORT));
     assert_eq!(code, 0, "restored nat sibling -> outside world: {err}");

@@ -136,7 +136,7 @@ fn takes_hand_each_member_out_once_and_the_pool_refills() {
         assert_eq!(ids.len(), 16, "a member was handed out twice");
         for s in &taken {
             assert_eq!(s.pool, None, "a taken session is its taker's");
-            assert_eq!(s.state, "running");
+            assert_eq!(s.state, drums_api::SessionState::Running);
             assert_eq!(s.origin.as_deref(), Some(ck.id.as_str()));
         }
         // Every taken session answers.
@@ -170,7 +170,12 @@ fn takes_hand_each_member_out_once_and_the_pool_refills() {
             let now: Vec<Session> = sessions(&d).await;
             let pooled: Vec<&Session> = now.iter().filter(|s| s.pool.is_some()).collect();
             let dead_gone = !now.iter().any(|s| s.id == dead);
-            if dead_gone && pooled.len() == 4 && pooled.iter().all(|s| s.state == "running") {
+            if dead_gone
+                && pooled.len() == 4
+                && pooled
+                    .iter()
+                    .all(|s| s.state == drums_api::SessionState::Running)
+            {
                 break;
             }
             assert!(
@@ -250,7 +255,7 @@ fn a_pool_refills_after_drumsd_is_killed_mid_refill() {
         let kept: Vec<String> = sessions(&d)
             .await
             .into_iter()
-            .filter(|s| s.pool.is_some() && s.state == "running")
+            .filter(|s| s.pool.is_some() && s.state == drums_api::SessionState::Running)
             .map(|s| s.id)
             .collect();
         (pool.id, kept)

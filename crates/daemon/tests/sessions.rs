@@ -24,7 +24,7 @@ fn twenty_sessions_are_isolated_and_leave_nothing() {
                 .await
                 .unwrap_or_else(|e| panic!("create {i}: {e}\n{}", d.log()));
             assert_schema("Session", &serde_json::to_value(&s).unwrap());
-            assert_eq!(s.state, "running");
+            assert_eq!(s.state, drums_api::SessionState::Running);
             let (code, host, _) = d.sh(&s.id, "hostname");
             assert_eq!((code, host.as_str()), (0, s.hostname.as_str()));
             // Processes: PID 1 is the session's init, and only this session's guest exists.
@@ -409,7 +409,10 @@ fn a_session_being_created_or_removed_answers_409() {
         (Method::GET, &audit, None),
         (Method::GET, "/v1/sessions/busy", None),
     ];
-    for state in ["creating", "removing"] {
+    for state in [
+        drums_api::SessionState::Creating,
+        drums_api::SessionState::Removing,
+    ] {
         catalog.set_session_state(&id, state, None).unwrap();
         run(async {
             for (method, uri, body) in &calls {
@@ -462,7 +465,9 @@ fn a_session_being_created_or_removed_answers_409() {
         catalog.versions().unwrap().is_empty(),
         "a refused checkpoint was kept"
     );
-    catalog.set_session_state(&id, "running", pid).unwrap();
+    catalog
+        .set_session_state(&id, drums_api::SessionState::Running, pid)
+        .unwrap();
     drop(catalog);
     run(async {
         d.rm(&id).await.unwrap();

@@ -107,7 +107,7 @@ async fn selective_versions_pair_as_specified_and_rollback_restores_each_exactly
         .await,
     );
     assert_eq!((v1.number, v1.took.as_str()), (1, "full"), "{v1:#?}");
-    assert_eq!(v1.state, "done");
+    assert_eq!(v1.state, drums_api::VersionState::Done);
 
     // 2: a file only (the server sleeps in accept): files, paired with 1's
     // processes.
@@ -363,7 +363,7 @@ fn catalog_state(d: &TestDaemon, id: &str) -> Option<String> {
         .unwrap()
         .version(id)
         .unwrap()
-        .map(|v| v.state)
+        .map(|v| v.state.to_string())
 }
 
 /// `kill -9` of drumsd while a version is `dumping` and while it is
@@ -402,7 +402,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
         )
         .await,
     );
-    assert_eq!(v2.state, "done");
+    assert_eq!(v2.state, drums_api::VersionState::Done);
     let done = vec![v1.id.clone(), v2.id.clone()];
 
     for (point, state) in [
@@ -448,7 +448,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
         let held = loop {
             let vs = versions(&d, "life").await;
             if let Some(v) = vs.iter().find(|v| !done.contains(&v.id)) {
-                if v.state == state {
+                if v.state.as_str() == state {
                     break v.clone();
                 }
             }

@@ -155,8 +155,8 @@ fn osworld_reset_cycle() {
         // it against its working directory).
         v.ok(&["-T", "ws", "start", "./vm/../vm/osworld.vmx", "nogui"]);
         let s = session(&d, NAME).await.expect("start created the session");
-        assert_eq!(s.state, "running");
-        assert_eq!(s.profile, "headless");
+        assert_eq!(s.state, drums_api::SessionState::Running);
+        assert_eq!(s.profile, drums_api::Profile::Headless);
         // A second start of a running VM does nothing.
         v.ok(&["-T", "ws", "start", vmx, "nogui"]);
         assert_eq!(session(&d, NAME).await.unwrap().id, s.id);
@@ -188,7 +188,7 @@ fn osworld_reset_cycle() {
             .await
             .expect("the reverted VM keeps its name");
         assert_ne!(r.id, s.id, "a restore is a new session");
-        assert_eq!(r.state, "running");
+        assert_eq!(r.state, drums_api::SessionState::Running);
         assert_eq!(r.origin.as_deref(), Some(first.as_str()));
         assert!(r.ip.is_some());
         assert_eq!(d.sh(NAME, "cat /root/marker").1, "1");

@@ -718,7 +718,7 @@ async fn inject(
         let now = session(&h.client, name).await.ok();
         let done = match &now {
             Some(s) if checkpointing || !killed => {
-                s.state == "running"
+                s.state == drums_api::SessionState::Running
                     && s.init_pid
                         .is_some_and(|p| alive(p) && (!killed || Some(p) != before.init_pid))
             }
@@ -766,9 +766,12 @@ async fn in_flight(c: &Client, name: &str) -> bool {
         )
         .await;
     v.is_ok_and(|v| {
-        v.versions
-            .iter()
-            .any(|v| v.state == "dumping" || v.state == "versioning")
+        v.versions.iter().any(|v| {
+            matches!(
+                v.state,
+                drums_api::VersionState::Dumping | drums_api::VersionState::Versioning
+            )
+        })
     })
 }
 

@@ -17,6 +17,7 @@
 //! extracted, by the same parser that validated it. The checkpoint gets a
 //! fresh local id; the archive's id is kept in the manifest as `origin`.
 
+use drums_api::VersionState;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -35,7 +36,7 @@ use tracing::warn;
 use crate::checkpoint::to_api;
 use crate::create::random_hex;
 use crate::manager::Manager;
-use crate::spec::{validate_name, PROFILES};
+use crate::spec::validate_name;
 use crate::{io, teardown, SessionError};
 
 /// What tar stores of a snapshot: the overlay xattrs and nothing else (an
@@ -232,7 +233,7 @@ impl Manager {
             id: id.clone(),
             name: m.name.clone(),
             session_id: m.session.id.clone(),
-            state: "pending".into(),
+            state: VersionState::Pending,
             created_at_ms: m.created_at_ms,
             manifest: serde_json::Value::Null,
             number: None,
@@ -424,7 +425,7 @@ fn check_manifest(m: &Manifest) -> Result<(), SessionError> {
     name("session name", &m.session.name)?;
     name("hostname", &m.session.hostname)?;
     name("image", &m.session.image)?;
-    if !PROFILES.contains(&m.session.profile.as_str()) {
+    if m.session.profile.parse::<drums_api::Profile>().is_err() {
         return Err(SessionError::Invalid(format!(
             "the archive's manifest has an unknown profile {:?}",
             m.session.profile

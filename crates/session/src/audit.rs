@@ -6,6 +6,7 @@
 //! Python process's `random`. What stays identical by design is listed, not
 //! hidden, and so is what a pair of cold sessions shares too.
 
+use drums_api::{Profile, SessionState};
 use std::collections::{BTreeMap, BTreeSet};
 
 use drums_api::{AuditCheck, AuditReport, ExecRequest};
@@ -181,10 +182,10 @@ impl Manager {
         let rec = self.host.record(id)?;
         let init = rec
             .init_pid
-            .filter(|_| rec.state == "running")
+            .filter(|_| rec.state == SessionState::Running)
             .ok_or_else(|| SessionError::NotRunning {
                 name: rec.name.clone(),
-                state: rec.state.clone(),
+                state: rec.state,
             })?;
         let pids = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id).pids()?;
         let h = tokio::task::spawn_blocking(move || holdings(pids, init))
@@ -232,7 +233,7 @@ impl Manager {
         // The baseline: what two cold sessions of the same kind share.
         let req = drums_api::CreateSession {
             image: Some(ra.image.clone()),
-            network: Some(ra.network.clone()),
+            network: Some(ra.network.as_str().into()),
             ..Default::default()
         };
         let c1 = self.create(&req).await?;
@@ -345,7 +346,7 @@ impl Manager {
             "in-memory state that is not a registered RNG (caches, tokens, counters)".to_owned(),
         ];
         let mut identical_by_design = identical_by_design;
-        if ra.profile == "desktop" || rb.profile == "desktop" {
+        if ra.profile == Profile::Desktop || rb.profile == Profile::Desktop {
             identical_by_design.push(self.browser_by_design(&ra, &rb));
         }
         let passed = isolation.iter().all(|c| c.ok) && clone.iter().all(|c| c.ok);

@@ -3,6 +3,7 @@
 //! the session's upper layer is taken, so files and processes are consistent.
 //! Published only when every part is on disk.
 
+use drums_api::VersionState;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -308,7 +309,9 @@ impl Manager {
                 (Some(report), None)
             }
         };
-        self.host.catalog.set_version_state(&ver.id, "versioning")?;
+        self.host
+            .catalog
+            .set_version_state(&ver.id, VersionState::Versioning)?;
         self.host.faults.hold("version.manifest").await;
         self.engine_faults()?;
         let head = plan.head.as_ref();
@@ -380,10 +383,10 @@ impl Manager {
                 id: rec.id.clone(),
                 name: rec.name.clone(),
                 hostname: rec.hostname.clone(),
-                profile: rec.profile.clone(),
+                profile: rec.profile.as_str().into(),
                 image: rec.image.clone(),
-                network: rec.network.clone(),
-                egress: rec.egress.clone(),
+                network: rec.network.as_str().into(),
+                egress: rec.egress.as_str().into(),
                 limits: rec.limits.clone(),
                 generation: rec.generation,
                 privileged: rec.privileged,
@@ -481,7 +484,7 @@ impl Manager {
             // processes with ptrace takes a few ms.
             freeze_cgroup: None,
             external_mounts: external_mounts_dump(),
-            network_lock: network_lock(&rec.network),
+            network_lock: network_lock(rec.network),
             // Decided per attempt, below.
             tcp_established: false,
         };
@@ -622,7 +625,7 @@ impl Manager {
     pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, SessionError> {
         let mut out = Vec::new();
         for c in self.host.catalog.versions()? {
-            if c.state == "done" && c.pinned {
+            if c.state == VersionState::Done && c.pinned {
                 if let Ok(m) = serde_json::from_value::<Manifest>(c.manifest) {
                     out.push(to_api(&m));
                 }
@@ -645,7 +648,7 @@ impl Manager {
             .host
             .catalog
             .version(id_or_name)?
-            .filter(|c| c.state == "done")
+            .filter(|c| c.state == VersionState::Done)
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
         let m = Manifest::read(&self.host.checkpoint_dir(&ck.id))?;
         Ok((ck, m))
@@ -659,7 +662,7 @@ impl Manager {
             .catalog
             .version(id_or_name)?
             .ok_or_else(|| SessionError::CheckpointNotFound(id_or_name.to_owned()))?;
-        if drums_catalog::IN_FLIGHT.contains(&ck.state.as_str()) {
+        if ck.state.in_flight() {
             return Err(SessionError::Conflict(format!(
                 "checkpoint {} is still being made ({})",
                 ck.name, ck.state
@@ -673,7 +676,9 @@ impl Manager {
                 pools.join(", ")
             )));
         }
-        self.host.catalog.set_version_state(&ck.id, "removing")?;
+        self.host
+            .catalog
+            .set_version_state(&ck.id, VersionState::Removing)?;
         self.drop_version(&ck).await
     }
 }
@@ -683,7 +688,7 @@ impl Manager {
 /// they would point nowhere; CRIU refuses the dump instead), and listening
 /// sockets need no lock: the lock would only add ~12 ms of frozen time and an
 /// nft table per dump and per restore.
-pub(crate) fn network_lock(_network: &str) -> drums_criu::NetworkLock {
+pub(crate) fn network_lock(_network: drums_api::Network) -> drums_criu::NetworkLock {
     drums_criu::NetworkLock::Skip
 }
 

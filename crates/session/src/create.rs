@@ -3,11 +3,12 @@
 //! [`crate::teardown`] removes it.
 
 use drums_api::{CreateSession, Session};
+use drums_api::{Network, SessionState};
 use drums_catalog::SessionRecord;
 
 use crate::boot::{boot, Plan, Ready, Start, Upper};
 use crate::manager::{guest_client, Manager};
-use crate::spec::{hostname_for, Network, Spec};
+use crate::spec::{hostname_for, Spec};
 use crate::SessionError;
 
 impl Manager {
@@ -30,11 +31,11 @@ impl Manager {
             hostname: hostname_for(&name, &id),
             id,
             name,
-            profile: spec.profile.clone(),
+            profile: spec.profile,
             image: image.key.clone(),
-            state: "creating".into(),
-            network: spec.network.as_str().into(),
-            egress: spec.egress.as_str().into(),
+            state: SessionState::Creating,
+            network: spec.network,
+            egress: spec.egress,
             ip: None,
             mac: None,
             limits: serde_json::to_value(&spec.limits).expect("limits serialize"),

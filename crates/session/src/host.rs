@@ -5,6 +5,7 @@
 //! here changes after [`Host::open`]: state that does (versions, positions,
 //! open guest streams) lives with the subsystem that owns it.
 
+use drums_api::SessionState;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -236,7 +237,7 @@ impl Host {
     /// The init of a session, if it is the live process the ledger recorded
     /// (a recycled pid has another start time).
     pub(crate) fn live_init(&self, s: &SessionRecord) -> Option<i32> {
-        let pid = s.init_pid.filter(|_| s.state == "running")?;
+        let pid = s.init_pid.filter(|_| s.state == SessionState::Running)?;
         let key = crate::process::ledger_key(pid)?;
         let recorded = self
             .catalog

@@ -80,7 +80,10 @@ pub enum SessionError {
     /// The session exists but is being created or removed: the request was
     /// fine, the session's state refuses it (409), as with a name taken.
     #[error("session {name} is {state}, not running")]
-    NotRunning { name: String, state: String },
+    NotRunning {
+        name: String,
+        state: drums_api::SessionState,
+    },
     #[error(transparent)]
     Catalog(drums_catalog::CatalogError),
     #[error("store")]

@@ -111,9 +111,13 @@ impl LimitPolicy {
     /// that starts more than a shell needs more than the general minimums, and
     /// a create below them is refused before anything is made. Restores are
     /// not checked: a checkpoint's processes already ran within its limits.
-    pub fn effective_for(&self, profile: &str, given: &Limits) -> Result<Limits, LimitsError> {
+    pub fn effective_for(
+        &self,
+        profile: drums_api::Profile,
+        given: &Limits,
+    ) -> Result<Limits, LimitsError> {
         let limits = self.effective(given)?;
-        if profile == "desktop" {
+        if profile == drums_api::Profile::Desktop {
             if let Some(pids) = limits.pids_max.filter(|p| *p < MIN_DESKTOP_PIDS) {
                 return Err(LimitsError::DesktopPidsTooFew { pids });
             }
@@ -240,13 +244,16 @@ mod tests {
                 "needs a memory limit of at least 512 MiB",
             ),
         ] {
-            let e = p.effective_for("desktop", &l).unwrap_err().to_string();
+            let e = p
+                .effective_for(drums_api::Profile::Desktop, &l)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(msg), "{l:?}: {e}");
             // A headless session starts with as little.
-            p.effective_for("headless", &l).unwrap();
+            p.effective_for(drums_api::Profile::Headless, &l).unwrap();
         }
         p.effective_for(
-            "desktop",
+            drums_api::Profile::Desktop,
             &small(MIN_DESKTOP_PIDS, MIN_DESKTOP_MEMORY_BYTES),
         )
         .unwrap();
@@ -260,7 +267,7 @@ mod tests {
             ..p
         };
         let e = tight
-            .effective_for("desktop", &Limits::default())
+            .effective_for(drums_api::Profile::Desktop, &Limits::default())
             .unwrap_err();
         assert!(e.to_string().contains("not 100"), "{e}");
     }

@@ -3,6 +3,7 @@
 //! and `versions` take and keep versions, `restore` makes siblings; this file
 //! starts and stops them together and answers the API's plain questions.
 
+use drums_api::{Egress, Network, SessionState, VersionState};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,7 +92,7 @@ impl Manager {
     /// from their newest (see docs/engine.md, "A daemon restart").
     async fn take_over(&self, found: Found) {
         for s in &found.adopted {
-            if s.network != "bridge" {
+            if s.network != Network::Bridge {
                 continue;
             }
             let port = drums_net::firewall::Port {
@@ -101,7 +102,7 @@ impl Manager {
                     Some(ip) => ip,
                     None => continue,
                 },
-                egress: s.egress == crate::spec::Egress::Nat.as_str(),
+                egress: s.egress == Egress::Nat,
             };
             if port.egress {
                 if let Err(e) = self.host.ip_forward.enable() {
@@ -149,7 +150,7 @@ impl Manager {
             .catalog
             .sessions()?
             .into_iter()
-            .find(|r| r.network == "bridge" && r.ip.as_deref() == Some(ip.as_str()))
+            .find(|r| r.network == Network::Bridge && r.ip.as_deref() == Some(ip.as_str()))
             .map(to_api))
     }
 
@@ -215,8 +216,8 @@ impl Manager {
                 .host
                 .catalog
                 .session_versions(&s.id)
-                .is_ok_and(|v| v.iter().any(|v| v.state == "done"));
-            if s.state == "running" && has_version {
+                .is_ok_and(|v| v.iter().any(|v| v.state == VersionState::Done));
+            if s.state == SessionState::Running && has_version {
                 found.dead.push(s);
                 continue;
             }
@@ -252,10 +253,10 @@ impl Manager {
         // finished.
         if let Ok(vs) = self.host.catalog.versions() {
             for v in vs {
-                if drums_catalog::IN_FLIGHT.contains(&v.state.as_str()) {
+                if v.state.in_flight() {
                     info!(version = %v.id, state = %v.state, "sweep: dropping an unpublished version");
                     let _ = self.host.catalog.delete_version(&v.id);
-                } else if v.state == "removing" {
+                } else if v.state == VersionState::Removing {
                     if let Err(e) = self.drop_version(&v).await {
                         warn!("sweep: {}", crate::error_chain(&e));
                     }
@@ -329,12 +330,12 @@ impl Manager {
     /// no time limit, since an exec or an upload may rightly take hours.
     pub fn guest_proxy(&self, s: &Session) -> Result<drums_api::Client, SessionError> {
         match s.init_pid {
-            Some(pid) if s.state == "running" => {
+            Some(pid) if s.state == SessionState::Running => {
                 Ok(guest_client(pid).with_limits(None, Some(GUEST_MAX_BODY)))
             }
             _ => Err(SessionError::NotRunning {
                 name: s.name.clone(),
-                state: s.state.clone(),
+                state: s.state,
             }),
         }
     }
@@ -352,7 +353,7 @@ impl Manager {
             Ok(pid) => {
                 self.host
                     .catalog
-                    .set_session_state(&rec.id, "running", Some(pid))?;
+                    .set_session_state(&rec.id, SessionState::Running, Some(pid))?;
                 self.get(&rec.id)
             }
             Err(e) => {
@@ -423,7 +424,7 @@ impl Manager {
     async fn remove_record(&self, rec: &SessionRecord) -> Result<(), SessionError> {
         self.host
             .catalog
-            .set_session_state(&rec.id, "removing", None)?;
+            .set_session_state(&rec.id, SessionState::Removing, None)?;
         self.versions.engine().cancel_session(&rec.id).await;
         self.remove_stopped(rec).await
     }
@@ -434,7 +435,7 @@ impl Manager {
     pub(crate) async fn remove_stopped(&self, rec: &SessionRecord) -> Result<(), SessionError> {
         self.host
             .catalog
-            .set_session_state(&rec.id, "removing", None)?;
+            .set_session_state(&rec.id, SessionState::Removing, None)?;
         self.forget_turns(&rec.name);
         teardown::remove_owned(&self.host, &rec.id).await?;
         // Its history goes with it, but for what a person pinned.

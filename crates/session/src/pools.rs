@@ -8,6 +8,7 @@
 //! drumsd killed at any point leaves pool members that the next one adopts
 //! (live) or sweeps (half-made), and a pool that refills.
 
+use drums_api::SessionState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -182,15 +183,16 @@ impl Pools {
 
     fn view(&self, live: &Live) -> Result<Pool, SessionError> {
         let members = self.manager.host.catalog.pool_members(&live.record.id)?;
-        let count = |state: &str| members.iter().filter(|m| m.state == state).count() as u32;
+        let count =
+            |state: SessionState| members.iter().filter(|m| m.state == state).count() as u32;
         let r = &live.record;
         Ok(Pool {
             id: r.id.clone(),
             name: r.name.clone(),
             checkpoint: r.checkpoint_id.clone(),
             size: r.size,
-            ready: count("running"),
-            restoring: count("creating"),
+            ready: count(SessionState::Running),
+            restoring: count(SessionState::Creating),
             taken: live.taken.load(Ordering::Relaxed),
             created_at_ms: r.created_at_ms,
             waiting_on: live.waiting_on(),
@@ -275,7 +277,11 @@ impl Pools {
             .host
             .catalog
             .pool_members(&live.record.id)
-            .map(|m| m.iter().filter(|s| s.state == "creating").count())
+            .map(|m| {
+                m.iter()
+                    .filter(|s| s.state == SessionState::Creating)
+                    .count()
+            })
             .unwrap_or(0);
         let why = if self.stopping.load(Ordering::Acquire) {
             "drumsd is stopping".into()
@@ -411,7 +417,7 @@ fn short_by(m: &Arc<Manager>, live: &Live) -> Result<usize, SessionError> {
     let members = m.host.catalog.pool_members(&live.record.id)?;
     let mut held = 0usize;
     for s in members {
-        if s.state == "running" && m.host.live_init(&s).is_none() {
+        if s.state == SessionState::Running && m.host.live_init(&s).is_none() {
             // Out of the pool first, so it is removed once and never taken.
             if !m.host.catalog.leave_pool(&s.id)? {
                 continue;
@@ -425,7 +431,7 @@ fn short_by(m: &Arc<Manager>, live: &Live) -> Result<usize, SessionError> {
             });
             continue;
         }
-        if s.state != "removing" {
+        if s.state != SessionState::Removing {
             held += 1;
         }
     }

@@ -5,6 +5,7 @@
 //! registered processes, the restore generation). Every step is recorded
 //! before it is made, like a create, and fails through the same teardown.
 
+use drums_api::{Egress, Network, SessionState};
 use drums_api::{RestoreResult, Session};
 use drums_catalog::SessionRecord;
 use drums_checkpoint::Manifest;
@@ -13,7 +14,7 @@ use tracing::warn;
 use crate::boot::{boot, Plan, Ready, Start, Upper};
 use crate::create::random_hex;
 use crate::manager::Manager;
-use crate::spec::{hostname_for, Egress};
+use crate::spec::{hostname_for, parse_egress, parse_network};
 use crate::SessionError;
 
 /// Most siblings one restore call may start.
@@ -140,8 +141,14 @@ impl Manager {
         pool: Option<&str>,
     ) -> Result<Session, SessionError> {
         // An imported manifest is untrusted: only a known value passes.
-        let egress = Egress::parse(&m.session.egress)?;
-        if egress == Egress::Nat && m.session.network != "bridge" {
+        let egress = parse_egress(&m.session.egress)?;
+        let network = parse_network(&m.session.network)?;
+        let profile = m
+            .session
+            .profile
+            .parse::<drums_api::Profile>()
+            .map_err(|e| SessionError::Invalid(format!("the checkpoint's manifest: {e}")))?;
+        if egress == Egress::Nat && network != Network::Bridge {
             return Err(SessionError::Invalid(
                 "checkpoint has egress nat without network bridge".into(),
             ));
@@ -152,12 +159,12 @@ impl Manager {
             hostname: hostname_for(&name, &id),
             name,
             id,
-            profile: m.session.profile.clone(),
+            profile,
             image: m.session.image.clone(),
-            state: "creating".into(),
-            network: m.session.network.clone(),
+            state: SessionState::Creating,
+            network,
             // A sibling keeps its checkpoint's egress.
-            egress: egress.as_str().into(),
+            egress,
             ip: None,
             mac: None,
             limits: serde_json::to_value(limits).expect("limits serialize"),
@@ -174,7 +181,7 @@ impl Manager {
                 "checkpoint is both privileged and in a user namespace".into(),
             ));
         }
-        let pool = (rec.network == "bridge").then(|| self.host.pool());
+        let pool = (rec.network == Network::Bridge).then(|| self.host.pool());
         // Each sibling of a checkpoint taken in a user namespace gets a range
         // of its own (see crate::ids).
         let ids = m.session.user_namespace.then_some(crate::ids::POOL);

@@ -6,63 +6,28 @@ use drums_api::{CreateSession, Limits};
 use crate::limits::LimitPolicy;
 use crate::SessionError;
 
-/// Profiles this build can start.
-pub const PROFILES: &[&str] = &["headless", "desktop"];
+pub use drums_api::{Egress, Network, Profile};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Network {
-    /// A loopback-only network namespace.
-    None,
-    /// A veth to the host bridge, with its own address; no route beyond the bridge.
-    Bridge,
+/// Egress as a request or a manifest names it: only a known value passes.
+pub fn parse_egress(s: &str) -> Result<Egress, SessionError> {
+    s.parse()
+        .map_err(|_| SessionError::Invalid(format!("unknown egress {s:?}: use none or nat")))
 }
 
-impl Network {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Network::None => "none",
-            Network::Bridge => "bridge",
-        }
-    }
-}
-
-/// Whether a bridge session may leave the host. See docs/security.md, "The
-/// network".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Egress {
-    /// The default: the session reaches nothing beyond its bridge port (and
-    /// on the host only the ports drums serves to sessions).
-    None,
-    /// A default route via the bridge, masqueraded out of the host; the host
-    /// and private ranges stay unreachable.
-    Nat,
-}
-
-impl Egress {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Egress::None => "none",
-            Egress::Nat => "nat",
-        }
-    }
-
-    /// Parses the stored or requested form.
-    pub fn parse(s: &str) -> Result<Egress, SessionError> {
-        match s {
-            "none" => Ok(Egress::None),
-            "nat" => Ok(Egress::Nat),
-            other => Err(SessionError::Invalid(format!(
-                "unknown egress {other:?}: use none or nat"
-            ))),
-        }
-    }
+/// A network as a manifest names it: only a known value passes.
+pub fn parse_network(s: &str) -> Result<Network, SessionError> {
+    s.parse().map_err(|_| {
+        SessionError::Invalid(format!(
+            "the version's manifest names an unknown network {s:?}"
+        ))
+    })
 }
 
 /// A validated request.
 #[derive(Debug, Clone)]
 pub struct Spec {
     pub name: Option<String>,
-    pub profile: String,
+    pub profile: Profile,
     pub image: String,
     pub limits: Limits,
     pub network: Network,
@@ -115,28 +80,20 @@ impl Spec {
         s: &drums_checkpoint::SourceSession,
         limits: Limits,
     ) -> Result<Spec, SessionError> {
-        if s.profile != "headless" {
+        if s.profile != Profile::Headless.as_str() {
             return Err(SessionError::Conflict(format!(
                 "a files-only version of a {} session cannot start cold (its desktop's options are not recorded)",
                 s.profile
             )));
         }
-        let network = match s.network.as_str() {
-            "bridge" => Network::Bridge,
-            "none" => Network::None,
-            other => {
-                return Err(SessionError::Invalid(format!(
-                    "the version's manifest names an unknown network {other:?}"
-                )))
-            }
-        };
+        let network = parse_network(&s.network)?;
         Ok(Spec {
             name: Some(s.name.clone()),
-            profile: s.profile.clone(),
+            profile: Profile::Headless,
             image: s.image.clone(),
             limits,
             network,
-            egress: Egress::parse(&s.egress)?,
+            egress: parse_egress(&s.egress)?,
             desktop: None,
             privileged: s.privileged,
         })
@@ -147,15 +104,21 @@ impl Spec {
         if let Some(n) = &req.name {
             validate_name(n)?;
         }
-        let profile = req.profile.clone().unwrap_or_else(|| "headless".into());
-        if !PROFILES.contains(&profile.as_str()) {
-            return Err(SessionError::Invalid(format!(
-                "unknown profile {profile:?}: this drums offers {}",
-                PROFILES.join(", ")
-            )));
-        }
-        let desktop = match (profile.as_str(), &req.desktop) {
-            ("desktop", opts) => {
+        let profile = match req.profile.as_deref() {
+            None => Profile::Headless,
+            Some(p) => p.parse().map_err(|_| {
+                SessionError::Invalid(format!(
+                    "unknown profile {p:?}: this drums offers {}",
+                    Profile::ALL
+                        .iter()
+                        .map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?,
+        };
+        let desktop = match (profile, &req.desktop) {
+            (Profile::Desktop, opts) => {
                 let opts = opts.clone().unwrap_or_default();
                 let screen = opts.screen.unwrap_or_else(|| DEFAULT_SCREEN.into());
                 validate_screen(&screen)?;
@@ -169,7 +132,8 @@ impl Spec {
             }
             (_, Some(_)) => {
                 return Err(SessionError::Invalid(format!(
-                    "desktop options need the desktop profile, not {profile:?}"
+                    "desktop options need the desktop profile, not {:?}",
+                    profile.as_str()
                 )));
             }
             _ => None,
@@ -188,13 +152,13 @@ impl Spec {
                 )));
             }
         };
-        let egress = Egress::parse(req.egress.as_deref().unwrap_or("none"))?;
+        let egress = parse_egress(req.egress.as_deref().unwrap_or("none"))?;
         if egress == Egress::Nat && network != Network::Bridge {
             return Err(SessionError::Invalid(
                 "egress nat needs network bridge".into(),
             ));
         }
-        let limits = policy.effective_for(&profile, &req.limits)?;
+        let limits = policy.effective_for(profile, &req.limits)?;
         Ok(Spec {
             name: req.name.clone(),
             profile,

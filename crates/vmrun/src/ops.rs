@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use drums_api::exec::enc;
 use drums_api::{
     Checkpoint, CheckpointList, Client, ClientError, CreateCheckpoint, RestoreRequest,
-    RestoreResult, Session, SessionList,
+    RestoreResult, Session, SessionList, SessionState,
 };
 use hyper::Method;
 
@@ -140,7 +140,7 @@ impl Ctx {
         let mut p = Poll::new();
         loop {
             match self.session(at, name).await? {
-                Some(s) if s.state != "running" => {
+                Some(s) if s.state != SessionState::Running => {
                     p.sleep(at, || {
                         format!("session {name:?} to leave state {:?}", s.state)
                     })
@@ -198,7 +198,7 @@ pub async fn list(ctx: &Ctx) -> Result<Outcome, OpError> {
     let running: BTreeSet<&str> = l
         .sessions
         .iter()
-        .filter(|s| s.state == "running")
+        .filter(|s| s.state == SessionState::Running)
         .map(|s| s.name.as_str())
         .collect();
     let paths: Vec<&Path> = reg
@@ -251,14 +251,14 @@ pub async fn guest_ip(ctx: &Ctx, vm: &Vm<'_>, wait: bool) -> Result<Outcome, OpE
                 at: vm.at.clone(),
                 session: name.clone(),
             })?;
-        if s.network == "none" {
+        if s.network == drums_api::Network::None {
             return Err(OpError::NoAddress {
                 at: vm.at.clone(),
                 session: name.clone(),
-                network: s.network,
+                network: s.network.to_string(),
             });
         }
-        if let (true, Some(ip)) = (s.state == "running", &s.ip) {
+        if let (true, Some(ip)) = (s.state == SessionState::Running, &s.ip) {
             return Ok(Outcome {
                 stdout: format!("{ip}\n"),
                 warnings: vec![],

@@ -78,8 +78,8 @@ impl Fake {
     fn job_state(&self, id: &str, state: &str) -> Job {
         Job {
             id: id.to_owned(),
-            state: state.to_owned(),
-            priority: "normal".into(),
+            state: state.parse().expect("a job state"),
+            priority: drums_api::Priority::Normal,
             version: (state == "done").then(|| format!("version-of-{id}")),
             queued_ms: None,
             ran_ms: None,

@@ -499,7 +499,12 @@ impl TestDaemon {
             .as_ref()
             .and_then(|c| c.version.clone())
             .unwrap_or_else(|| panic!("the turn of {s} took no version: {e:#?}"));
-        assert_eq!(v.state, "done", "{v:#?}\n{}", self.log());
+        assert_eq!(
+            v.state,
+            drums_api::VersionState::Done,
+            "{v:#?}\n{}",
+            self.log()
+        );
         v
     }
 

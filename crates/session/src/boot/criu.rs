@@ -1,6 +1,7 @@
 //! A session's processes restored by CRIU from a version's images, into the
 //! root, cgroup and network [`super::boot`] made for them.
 
+use drums_api::SessionState;
 use std::path::{Path, PathBuf};
 
 use drums_catalog::{ResourceKind, SessionRecord};
@@ -43,7 +44,7 @@ pub(super) async fn restore(
         external_mounts: external_mounts_restore(&host.bin_dir),
         veth_pairs: vec![],
         join_cgroups: made.cgroup.procs_files(),
-        network_lock: network_lock(&rec.network),
+        network_lock: network_lock(rec.network),
         // As the dump decided: its images have a stream per connection
         // it kept (crate::checkpoint, connections_within).
         tcp_established: drums_criu::kept_connections(&images_dir),
@@ -92,7 +93,8 @@ pub(super) async fn restore(
             record(ResourceKind::Process, &key)?;
         }
     }
-    host.catalog.set_session_state(id, "creating", Some(pid))?;
+    host.catalog
+        .set_session_state(id, SessionState::Creating, Some(pid))?;
     Ok(pid)
 }
 

@@ -13,6 +13,7 @@ mod criu;
 mod init;
 mod ready;
 
+use drums_api::{Egress, Network, Profile, SessionState};
 use std::path::{Path, PathBuf};
 
 use drums_api::Limits;
@@ -22,7 +23,7 @@ use drums_init::InitConfig;
 
 use crate::create::{parse_mac, random_hex, veth_name};
 use crate::host::Host;
-use crate::spec::{DesktopSpec, Egress};
+use crate::spec::DesktopSpec;
 use crate::{io, process, SessionError};
 
 /// How a session comes to be, from its root to ready.
@@ -213,7 +214,7 @@ pub(crate) async fn boot(
         Ready::Hygiene { clean } => ready::hygiene(&host.faults, rec, pid, clean).await?,
         Ready::Same => {
             ready::wait_ready(id, pid, host.cfg.ready_timeout).await?;
-            if rec.profile == "desktop" {
+            if rec.profile == Profile::Desktop {
                 ready::desktop_ready(pid).await?;
             }
         }
@@ -231,7 +232,7 @@ async fn cold(
     check: impl Fn(Step) -> Result<(), SessionError>,
 ) -> Result<i32, SessionError> {
     let id = &rec.id;
-    let nat = rec.egress == Egress::Nat.as_str();
+    let nat = rec.egress == Egress::Nat;
     let cfg = InitConfig {
         session_id: id.clone(),
         hostname: rec.hostname.clone(),
@@ -265,7 +266,8 @@ async fn cold(
     if let Some(key) = process::ledger_key(pid) {
         host.catalog.record(id, ResourceKind::Process, &key)?;
     }
-    host.catalog.set_session_state(id, "creating", Some(pid))?;
+    host.catalog
+        .set_session_state(id, SessionState::Creating, Some(pid))?;
 
     let network = async {
         check(Step::Network)?;
@@ -304,13 +306,13 @@ fn veth(
     pid: i32,
     listed: bool,
 ) -> Result<Option<drums_net::VethSpec>, SessionError> {
-    if rec.network != "bridge" {
+    if rec.network != Network::Bridge {
         return Ok(None);
     }
     let host_name = veth_name(&rec.id);
     host.catalog
         .record(&rec.id, ResourceKind::Link, &host_name)?;
-    let egress = rec.egress == Egress::Nat.as_str();
+    let egress = rec.egress == Egress::Nat;
     if egress {
         host.ip_forward
             .enable()

@@ -3,6 +3,7 @@
 //! first. Every call is bounded ([`crate::manager::GUEST_TIMEOUT`]): a hung
 //! guest costs this task, never drumsd.
 
+use drums_api::Profile;
 use std::time::{Duration, Instant};
 
 use drums_catalog::SessionRecord;
@@ -124,7 +125,7 @@ pub(super) async fn hygiene(
         .json(hyper::Method::POST, "/v1/hygiene", Some(&body))
         .await
         .map_err(|e| SessionError::Hygiene(e.into()))?;
-    if rec.profile == "desktop" {
+    if rec.profile == Profile::Desktop {
         faults.check("restore.desktop")?;
         // The hostname has changed: now the browser's profile lock, and for
         // a clean checkpoint its cookies, storage and renderers. Then the

@@ -1,6 +1,6 @@
 //! Versions and jobs as the API shows them.
 
-use drums_api::SessionVersion;
+use drums_api::{JobState, SessionVersion};
 use drums_catalog::VersionRecord;
 use drums_checkpoint::{ArtifactCost, Manifest};
 use drums_engine::{Failure, Priority};
@@ -39,17 +39,17 @@ impl Manager {
         }
         let status = self.versions.engine().status(jid)?;
         let (state, priority) = match status {
-            drums_engine::Status::Queued { priority, .. } => ("queued", priority),
-            drums_engine::Status::Running => ("running", Priority::Normal),
-            drums_engine::Status::Done => ("done", Priority::Normal),
+            drums_engine::Status::Queued { priority, .. } => (JobState::Queued, priority),
+            drums_engine::Status::Running => (JobState::Running, Priority::Normal),
+            drums_engine::Status::Done => (JobState::Done, Priority::Normal),
             drums_engine::Status::Failed | drums_engine::Status::Cancelled => {
-                ("failed", Priority::Normal)
+                (JobState::Failed, Priority::Normal)
             }
         };
         let mut job = drums_api::Job {
             id: id.to_owned(),
-            state: state.into(),
-            priority: priority_str(priority).into(),
+            state,
+            priority: api_priority(priority),
             version: None,
             error: None,
             queued_ms: None,
@@ -73,7 +73,7 @@ impl Manager {
             if let Some(mx) = metrics {
                 job.queued_ms = Some(mx.queued_for.as_secs_f64() * 1e3);
                 job.ran_ms = Some(mx.ran_for.as_secs_f64() * 1e3);
-                job.started_as = Some(priority_str(mx.priority_when_started).into());
+                job.started_as = Some(api_priority(mx.priority_when_started));
             }
             match outcome(o) {
                 Ok(m) => job.version = Some(m.id.clone()),
@@ -91,10 +91,10 @@ impl Manager {
     }
 }
 
-fn priority_str(p: Priority) -> &'static str {
+fn api_priority(p: Priority) -> drums_api::Priority {
     match p {
-        Priority::High => "high",
-        Priority::Normal => "normal",
+        Priority::High => drums_api::Priority::High,
+        Priority::Normal => drums_api::Priority::Normal,
     }
 }
 
@@ -112,7 +112,7 @@ pub(crate) fn to_api_version(v: &VersionRecord) -> SessionVersion {
         id: v.id.clone(),
         session_id: v.session_id.clone(),
         number: v.number.unwrap_or(0),
-        state: v.state.clone(),
+        state: v.state,
         pinned: v.pinned,
         name: v.name.clone(),
         parent: v.parent.clone(),

@@ -2,6 +2,7 @@
 //! rollback` of a live session, `drums recover` of one whose processes died
 //! (and a restarted drumsd's recovery of them).
 
+use drums_api::{SessionState, VersionState};
 use std::time::Instant;
 
 use drums_api::{Session, SessionVersion};
@@ -24,7 +25,7 @@ impl Manager {
         to: Option<&str>,
     ) -> Result<Session, SessionError> {
         let rec = self.host.record(id_or_name)?;
-        if rec.state != "running" {
+        if rec.state != SessionState::Running {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
@@ -52,7 +53,7 @@ impl Manager {
                 rec.name
             )));
         }
-        if rec.state != "running" {
+        if rec.state != SessionState::Running {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}",
                 rec.name, rec.state
@@ -81,7 +82,7 @@ impl Manager {
             .into_iter()
             .rev()
             .find(|v| {
-                v.state == "done"
+                v.state == VersionState::Done
                     && match &v.process_of {
                         Some(p) => !agent || p == &v.id,
                         // A files-only version (the files policy) starts
@@ -127,7 +128,7 @@ impl Manager {
         let t0 = Instant::now();
         self.host
             .catalog
-            .set_session_state(&rec.id, "creating", None)?;
+            .set_session_state(&rec.id, SessionState::Creating, None)?;
         self.forget_turns(&rec.name);
         // Everything the session runs on goes; its catalog row (address, id
         // range, name) stays, and the version's artifacts come back under the
@@ -206,7 +207,7 @@ impl Manager {
     /// `drums recover` is for.
     pub fn processes_died(&self, id_or_name: &str) -> Result<bool, SessionError> {
         let rec = self.host.record(id_or_name)?;
-        Ok(rec.state == "running" && self.host.live_init(&rec).is_none())
+        Ok(rec.state == SessionState::Running && self.host.live_init(&rec).is_none())
     }
 
     /// `fork --at`: the id of a done version of the session.
@@ -225,7 +226,7 @@ impl Manager {
         to: Option<&str>,
     ) -> Result<SessionVersion, SessionError> {
         let rec = self.host.record(id_or_name)?;
-        if rec.state != "running" || self.host.live_init(&rec).is_none() {
+        if rec.state != SessionState::Running || self.host.live_init(&rec).is_none() {
             return Err(SessionError::Conflict(format!(
                 "session {} is {}: only a running session rolls back",
                 rec.name, rec.state
@@ -250,8 +251,11 @@ impl Manager {
                 history
                     .iter()
                     .rev()
-                    .find(|v| v.state == "done" && (at.is_none() || at.as_deref() == Some(&v.id)))
-                    .or_else(|| history.iter().rev().find(|v| v.state == "done"))
+                    .find(|v| {
+                        v.state == VersionState::Done
+                            && (at.is_none() || at.as_deref() == Some(&v.id))
+                    })
+                    .or_else(|| history.iter().rev().find(|v| v.state == VersionState::Done))
             }
             Some(t) => history
                 .iter()
@@ -266,7 +270,7 @@ impl Manager {
                 session: rec.name.clone(),
                 purpose: "yet",
             }),
-            (Some(v), _) if v.state != "done" => Err(SessionError::Conflict(format!(
+            (Some(v), _) if v.state != VersionState::Done => Err(SessionError::Conflict(format!(
                 "version {} of session {} is {}, not done",
                 v.number.unwrap_or(0),
                 rec.name,

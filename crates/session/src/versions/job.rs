@@ -3,6 +3,7 @@
 //! [`TakeVersion`] trait, never the manager: what it needs is the one call
 //! that takes a version.
 
+use drums_api::VersionState;
 use std::sync::{Arc, Weak};
 
 use drums_api::{Policy, TurnClass};
@@ -189,7 +190,7 @@ impl Manager {
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| id.clone()),
             session_id: rec.id.clone(),
-            state: "dumping".into(),
+            state: VersionState::Dumping,
             created_at_ms: drums_catalog::now_ms(),
             manifest: serde_json::Value::Null,
             number: Some(0),
@@ -250,7 +251,9 @@ impl Manager {
             }
             Err(e) => {
                 self.versions.set_position(&rec.id, |p| p.needs_full = true);
-                self.host.catalog.set_version_state(&id, "failed")?;
+                self.host
+                    .catalog
+                    .set_version_state(&id, VersionState::Failed)?;
                 if let Err(t) = teardown::remove_owned(&self.host, &owner).await {
                     warn!("clean up failed version {id}: {}", crate::error_chain(&t));
                 }

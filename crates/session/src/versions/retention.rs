@@ -1,6 +1,7 @@
 //! Retention: which versions a session keeps, and the removal of a version
 //! and of each artifact no kept version uses.
 
+use drums_api::VersionState;
 use drums_catalog::{ResourceKind, VersionRecord};
 
 use super::DEFAULT_KEEP;
@@ -26,10 +27,7 @@ impl Manager {
     async fn retain_pass(&self, session_id: &str) -> Result<(), SessionError> {
         let at = self.versions.position(session_id).at;
         let all = self.host.catalog.session_versions(session_id)?;
-        let finished: Vec<&VersionRecord> = all
-            .iter()
-            .filter(|v| !drums_catalog::IN_FLIGHT.contains(&v.state.as_str()))
-            .collect();
+        let finished: Vec<&VersionRecord> = all.iter().filter(|v| !v.state.in_flight()).collect();
         let cut = finished.len().saturating_sub(DEFAULT_KEEP);
         // A session with an agent living in it is recovered from its newest
         // version that dumped its processes itself (see `recover_record`):
@@ -38,7 +36,9 @@ impl Manager {
             Some(_) => finished
                 .iter()
                 .rev()
-                .find(|v| v.state == "done" && v.process_of.as_deref() == Some(v.id.as_str()))
+                .find(|v| {
+                    v.state == VersionState::Done && v.process_of.as_deref() == Some(v.id.as_str())
+                })
                 .map(|v| v.id.clone()),
             None => None,
         };
@@ -74,7 +74,7 @@ impl Manager {
     /// Every unpinned version of a removed session goes with it.
     pub(crate) async fn drop_history(&self, session_id: &str) -> Result<(), SessionError> {
         for v in self.host.catalog.session_versions(session_id)? {
-            if !v.pinned && !drums_catalog::IN_FLIGHT.contains(&v.state.as_str()) {
+            if !v.pinned && !v.state.in_flight() {
                 self.drop_version(&v).await?;
             }
         }
