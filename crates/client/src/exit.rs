@@ -56,13 +56,10 @@ impl From<ClientError> for Failure {
             ClientError::Connect { .. } => UNAVAILABLE,
             _ => INTERNAL,
         };
-        let mut message = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            message.push_str(&format!(": {s}"));
-            src = s.source();
+        Failure {
+            code,
+            message: drums_api::error_chain(&e),
         }
-        Failure { code, message }
     }
 }
 

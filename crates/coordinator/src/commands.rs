@@ -182,7 +182,7 @@ impl<S: Sessions> Coordinator<S> {
                 match run.unwrap_or(Err(ReplayError::TotalTimeout { after: total })) {
                     Ok(()) => None,
                     Err(e) => {
-                        let why = drums_session::error_chain(&e);
+                        let why = drums_api::error_chain(&e);
                         warn!(session = %sid, "run its commands again after the recovery: {why}");
                         Some(why)
                     }
@@ -225,7 +225,7 @@ impl<S: Sessions> Coordinator<S> {
         let session = self
             .manager
             .get(id)
-            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
+            .map_err(|e| ReplayError::Session(drums_api::error_chain(&e)))?;
         for c in &todo {
             let after = self.limits.reissue_command;
             tokio::time::timeout(after, self.run_again(&session, c))
@@ -247,7 +247,7 @@ impl<S: Sessions> Coordinator<S> {
         let client = self
             .manager
             .guest_proxy(session)
-            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
+            .map_err(|e| ReplayError::Session(drums_api::error_chain(&e)))?;
         let _open = self.manager.guest_stream(&session.id);
         let req = hyper::Request::builder()
             .method(hyper::Method::POST)

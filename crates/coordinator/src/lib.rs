@@ -131,7 +131,7 @@ enum ProxyError {
     UnknownSession(String),
     /// Never taken for "no session": a caller the proxy cannot place is
     /// refused, not served as the host.
-    #[error("look up the session of {who}: {}", drums_session::error_chain(.source))]
+    #[error("look up the session of {who}: {}", drums_api::error_chain(.source))]
     Lookup {
         who: String,
         #[source]
@@ -576,7 +576,7 @@ impl<S: Sessions> Coordinator<S> {
                 Err(e) => {
                     let err = ProxyError::Upstream {
                         upstream: base.authority().to_string(),
-                        why: drums_session::error_chain(&e),
+                        why: drums_api::error_chain(&e),
                     };
                     if let Some(mut p) = pending {
                         p.record.status = err.status().as_u16();
@@ -688,7 +688,7 @@ impl<S: Sessions> Coordinator<S> {
             .map(|e| Ending::Turn(Box::new(e)))
             .or_else(|e| match e {
                 SessionError::Inspect(InspectError::NoTurn(_)) => Ok(Ending::First(None)),
-                e => Err(drums_session::error_chain(&e)),
+                e => Err(drums_api::error_chain(&e)),
             })
         })
     }
@@ -712,12 +712,12 @@ impl<S: Sessions> Coordinator<S> {
             }
             match begin_turn(&m, &id).await {
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
-                Err(e) => return Err(drums_session::error_chain(&e)),
+                Err(e) => return Err(drums_api::error_chain(&e)),
             }
             m.base_version(&id, policy)
                 .await
                 .map(Ending::First)
-                .map_err(|e| drums_session::error_chain(&e))
+                .map_err(|e| drums_api::error_chain(&e))
         })
     }
 
@@ -838,7 +838,7 @@ impl<S: Sessions> Coordinator<S> {
                     info!(session = %name, pid = found.ns_pid, "the agent lives in the session: not tracked")
                 }
                 Err(e) => {
-                    warn!(session = %name, "mark the agent: {}", drums_session::error_chain(&e))
+                    warn!(session = %name, "mark the agent: {}", drums_api::error_chain(&e))
                 }
             }
             if let Err(e) = me.log.catalog().coordinate(&id, Some(found.ns_pid)) {
@@ -879,7 +879,7 @@ impl<S: Sessions> Coordinator<S> {
                 Some(Err(e)) => {
                     p.record.error = Some(format!(
                         "upstream broke off: {}",
-                        drums_session::error_chain(&e)
+                        drums_api::error_chain(&e)
                     ));
                     p.broken = true;
                     let _ = tx.send(Err(e)).await;
@@ -1031,7 +1031,7 @@ impl<S: Sessions> Coordinator<S> {
                     warn!(
                     session = %p.session.name,
                         "begin the next turn: {}",
-                        drums_session::error_chain(&e)
+                        drums_api::error_chain(&e)
                     );
                 }
             }

@@ -57,7 +57,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let manager = Arc::new(
         Manager::start(cfg.clone())
             .await
-            .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
+            .map_err(|e| anyhow::anyhow!(drums_api::error_chain(&e)))
             .context("start session manager")?,
     );
     // Bound only once the sweep is done: a client that can connect finds a
@@ -140,7 +140,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // previous daemon left (docs/pools.md).
     let pools = drums_session::pools::Pools::start(manager.clone())
         .await
-        .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
+        .map_err(|e| anyhow::anyhow!(drums_api::error_chain(&e)))
         .context("start warm pools")?;
     let app = server::router(manager.clone(), coordinator.clone(), pools.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
@@ -184,7 +184,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {
-        warn!("shutdown: {}", drums_session::error_chain(&e));
+        warn!("shutdown: {}", drums_api::error_chain(&e));
     }
     if let Some(k) = ksm {
         k.restore();

@@ -382,7 +382,7 @@ impl Run {
                 return self
                     .m
                     .get(&self.session.id)
-                    .map_err(|e| drums_session::error_chain(&e));
+                    .map_err(|e| drums_api::error_chain(&e));
             }
             if Instant::now() > deadline {
                 return Err(format!("not recovered within {wait:?}"));

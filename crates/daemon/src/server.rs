@@ -296,7 +296,7 @@ async fn fork(
         Err(e) => {
             if !req.keep {
                 if let Err(rm) = m.remove_checkpoint(&ck.id).await {
-                    warn!(checkpoint = %ck.id, "remove the checkpoint of a fork whose restore failed: {}", drums_session::error_chain(&rm));
+                    warn!(checkpoint = %ck.id, "remove the checkpoint of a fork whose restore failed: {}", drums_api::error_chain(&rm));
                 }
             }
             return Err(e.into());

@@ -182,7 +182,7 @@ pub async fn run(
         r.error.get_or_insert(format!("remove session {name}: {e}"));
     }
     if let Err(e) = out {
-        r.error = Some(crate::chain(&e));
+        r.error = Some(drums_api::error_chain(&e));
     }
     r.wall_s = t0.elapsed().as_secs_f64();
     if job.inside {

@@ -150,7 +150,7 @@ fn main() -> ExitCode {
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{}", drums_guest::error::chain(&e));
+            tracing::error!("{}", drums_guest::error::lowercase_chain(&e));
             ExitCode::FAILURE
         }
     }

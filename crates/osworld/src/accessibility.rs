@@ -25,7 +25,7 @@ async fn read(st: &State, mode: &str) -> Result<Value, String> {
     let args = vec!["-c".to_string(), SCRIPT.to_string(), mode.to_string()];
     let f = run(&st.cfg, &python, &args, None, Some(TIMEOUT), false)
         .await
-        .map_err(|e| crate::error::error_chain(&e))?;
+        .map_err(|e| drums_api::error_chain(&e))?;
     if f.returncode != 0 {
         let why = f.stderr.trim();
         let tail = &why[why.len().saturating_sub(2000)..];
