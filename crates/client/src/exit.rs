@@ -42,6 +42,10 @@ impl Failure {
     pub fn usage(message: impl Into<String>) -> Failure {
         Failure::new(USAGE, message)
     }
+    /// An internal error: its whole chain is the message.
+    pub fn internal(e: &dyn std::error::Error) -> Failure {
+        Failure::new(INTERNAL, drums_api::error_chain(e))
+    }
 }
 
 impl From<ClientError> for Failure {
@@ -59,15 +63,6 @@ impl From<ClientError> for Failure {
         Failure {
             code,
             message: drums_api::error_chain(&e),
-        }
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Failure {
-        Failure {
-            code: INTERNAL,
-            message: format!("{e:#}"),
         }
     }
 }

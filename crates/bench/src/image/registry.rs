@@ -6,12 +6,66 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-
 pub const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
+
+/// Starting the registry, or pushing to it.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// `op`: "create the registry's directory", "write the registry's
+    /// config", ...
+    #[error("{op}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("start {REGISTRY_BIN}")]
+    Start(#[source] std::io::Error),
+    #[error("docker-registry did not come up on {addr}")]
+    NotUp {
+        addr: String,
+        #[source]
+        source: Down,
+    },
+    #[error("docker-registry lost the race for a free port {START_TRIES} times")]
+    PortRace,
+    #[error("run skopeo")]
+    Skopeo(#[source] std::io::Error),
+    #[error("skopeo push of {name}:{tag} failed ({status}): {stderr}\nregistry log: {log}")]
+    Push {
+        name: String,
+        tag: String,
+        status: ExitStatus,
+        stderr: String,
+        log: String,
+    },
+}
+
+/// Why the registry did not come up, with its log.
+#[derive(Debug, thiserror::Error)]
+pub enum Down {
+    #[error("exited with {status}: {log}")]
+    Exited { status: ExitStatus, log: String },
+    #[error("no answer in 30 s: {log}")]
+    Silent { log: String },
+}
+
+impl Down {
+    fn log(&self) -> &str {
+        match self {
+            Down::Exited { log, .. } | Down::Silent { log } => log,
+        }
+    }
+}
+
+type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> RegistryError {
+    move |source| RegistryError::Io { op, source }
+}
 
 /// Another process may take the free port between our probe and the
 /// registry's bind; then it is tried again with a new port.
@@ -29,7 +83,7 @@ impl Registry {
         let dir = tempfile::Builder::new()
             .prefix("drums-bench-registry")
             .tempdir()
-            .context("create the registry's directory")?;
+            .map_err(io("create the registry's directory"))?;
         let mut reg = Registry {
             child: None,
             port: 0,
@@ -47,8 +101,10 @@ impl Registry {
                 d.join("storage").display(),
                 reg.port,
             );
-            std::fs::write(d.join("config.yml"), config).context("write the registry's config")?;
-            let log = std::fs::File::create(reg.log_path()).context("create the registry's log")?;
+            std::fs::write(d.join("config.yml"), config)
+                .map_err(io("write the registry's config"))?;
+            let log =
+                std::fs::File::create(reg.log_path()).map_err(io("create the registry's log"))?;
             reg.child = Some(
                 Command::new(REGISTRY_BIN)
                     .arg("serve")
@@ -58,22 +114,25 @@ impl Registry {
                     .env_clear()
                     .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
                     .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
+                    .stdout(log.try_clone().map_err(io("dup the registry's log"))?)
                     .stderr(log)
                     .spawn()
-                    .with_context(|| format!("start {REGISTRY_BIN}"))?,
+                    .map_err(RegistryError::Start)?,
             );
             match reg.wait_up() {
                 Ok(()) => return Ok(reg),
-                Err(log) => {
+                Err(down) => {
                     reg.stop();
-                    if !log.contains("address already in use") {
-                        bail!("docker-registry did not come up on {}: {log}", reg.addr());
+                    if !down.log().contains("address already in use") {
+                        return Err(RegistryError::NotUp {
+                            addr: reg.addr(),
+                            source: down,
+                        });
                     }
                 }
             }
         }
-        bail!("docker-registry lost the race for a free port {START_TRIES} times")
+        Err(RegistryError::PortRace)
     }
 
     /// "127.0.0.1:PORT", as an image reference's host.
@@ -91,14 +150,15 @@ impl Registry {
             .arg(format!("docker://{}/{name}:{tag}", self.addr()))
             .stdin(Stdio::null())
             .output()
-            .context("run skopeo")?;
+            .map_err(RegistryError::Skopeo)?;
         if !out.status.success() {
-            bail!(
-                "skopeo push of {name}:{tag} failed ({}): {}\nregistry log: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim(),
-                self.log()
-            );
+            return Err(RegistryError::Push {
+                name: name.to_owned(),
+                tag: tag.to_owned(),
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                log: self.log(),
+            });
         }
         Ok(())
     }
@@ -114,18 +174,21 @@ impl Registry {
     /// Until `GET /v2/` answers 200 while our child runs; on failure, the
     /// registry's log. (If another process had won the port, ours exits
     /// with "address already in use", which the caller retries.)
-    fn wait_up(&mut self) -> std::result::Result<(), String> {
+    fn wait_up(&mut self) -> Result<(), Down> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
-                return Err(format!("exited with {st}: {}", self.log()));
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return Err(Down::Exited {
+                    status,
+                    log: self.log(),
+                });
             }
             if get_status(self.port, "/v2/").is_ok_and(|s| s == 200) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!("no answer in 30 s: {}", self.log()))
+        Err(Down::Silent { log: self.log() })
     }
 
     fn stop(&mut self) {
@@ -146,7 +209,7 @@ impl Drop for Registry {
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind(("127.0.0.1", 0))
         .and_then(|l| l.local_addr())
-        .context("find a free port")?
+        .map_err(io("find a free port"))?
         .port())
 }
 
