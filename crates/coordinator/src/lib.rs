@@ -279,7 +279,7 @@ struct Pending {
     /// The turn's end: its effects, or none if no turn was open after all
     /// (the session was rolled back or recovered since, which starts its
     /// turns again).
-    ending: Option<tokio::task::JoinHandle<Result<Ending, String>>>,
+    ending: Option<tokio::task::JoinHandle<Result<Ending, SessionError>>>,
     record: CoordinatedTurn,
     started: Instant,
 }
@@ -670,7 +670,7 @@ impl<S: Sessions> Coordinator<S> {
     /// the agent that sent it.
     /// Ends the session's turn and submits its version, while the request
     /// goes upstream.
-    fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+    fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, SessionError>> {
         let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
         let handover = self.turns.handover(&s.id);
         tokio::spawn(async move {
@@ -688,7 +688,7 @@ impl<S: Sessions> Coordinator<S> {
             .map(|e| Ending::Turn(Box::new(e)))
             .or_else(|e| match e {
                 SessionError::Inspect(InspectError::NoTurn(_)) => Ok(Ending::First(None)),
-                e => Err(drums_api::error_chain(&e)),
+                e => Err(e),
             })
         })
     }
@@ -698,7 +698,7 @@ impl<S: Sessions> Coordinator<S> {
     /// any turn changed something has a version to recover to), while the
     /// request goes upstream. The turn begun first makes the version's dump
     /// a boundary the inspector knows (docs/inspector.md).
-    fn base(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+    fn base(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, SessionError>> {
         let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
         let handover = self.turns.handover(&s.id);
         tokio::spawn(async move {
@@ -712,12 +712,9 @@ impl<S: Sessions> Coordinator<S> {
             }
             match begin_turn(&m, &id).await {
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
-                Err(e) => return Err(drums_api::error_chain(&e)),
+                Err(e) => return Err(e),
             }
-            m.base_version(&id, policy)
-                .await
-                .map(Ending::First)
-                .map_err(|e| drums_api::error_chain(&e))
+            m.base_version(&id, policy).await.map(Ending::First)
         })
     }
 
@@ -970,7 +967,7 @@ impl<S: Sessions> Coordinator<S> {
                 }
                 Ok(Err(e)) => {
                     p.record.decision = "error".into();
-                    p.record.error.get_or_insert(e);
+                    p.record.error.get_or_insert(drums_api::error_chain(&e));
                 }
                 Err(e) => {
                     p.record.decision = "error".into();
