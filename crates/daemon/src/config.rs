@@ -434,7 +434,28 @@ impl DaemonArgs {
     }
 }
 
-fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+/// A size or limit on drumsd's command line that clap refuses (exit 2),
+/// saying this.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitArgError {
+    #[error(transparent)]
+    Size(#[from] drums_api::SizeError),
+    #[error("{0:?} is below 1M")]
+    BudgetBelow1M(String),
+    #[error(transparent)]
+    Cgroup(#[from] drums_cgroup::LimitsError),
+    #[error("invalid pids limit {0:?}: expected a whole number")]
+    Pids(String),
+    #[error(transparent)]
+    Cpus(#[from] drums_api::CpusError),
+    #[error("disk limit {0} bytes is below the minimum of 16 MiB")]
+    DiskBelowMin(u64),
+}
+
+fn none_or<T>(
+    s: &str,
+    parse: impl FnOnce(&str) -> Result<T, LimitArgError>,
+) -> Result<Limit<T>, LimitArgError> {
     if s.trim().eq_ignore_ascii_case("none") {
         Ok(Limit::None)
     } else {
@@ -442,27 +463,27 @@ fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<
     }
 }
 
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    drums_api::parse_size(s).map_err(|e| e.to_string())
+fn parse_size_arg(s: &str) -> Result<u64, LimitArgError> {
+    Ok(drums_api::parse_size(s)?)
 }
 
 /// A budget: a size of at least 1 MiB (less would refuse every request an
 /// SDK makes).
-fn parse_budget_arg(s: &str) -> Result<u64, String> {
+fn parse_budget_arg(s: &str) -> Result<u64, LimitArgError> {
     let n = parse_size_arg(s)?;
     if n < 1 << 20 {
-        return Err(format!("{s:?} is below 1M"));
+        return Err(LimitArgError::BudgetBelow1M(s.to_owned()));
     }
     Ok(n)
 }
 
 /// The same bounds a request's limits are held to, checked when drumsd starts
 /// (exit 2) rather than at the first session.
-fn cgroup_check(l: drums_cgroup::Limits) -> Result<(), String> {
-    l.validate().map_err(|e| e.to_string())
+fn cgroup_check(l: drums_cgroup::Limits) -> Result<(), LimitArgError> {
+    Ok(l.validate()?)
 }
 
-fn parse_memory_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_memory_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let bytes = parse_size_arg(s)?;
         cgroup_check(drums_cgroup::Limits {
@@ -473,12 +494,12 @@ fn parse_memory_arg(s: &str) -> Result<Limit<u64>, String> {
     })
 }
 
-fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_pids_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let pids: u64 = s
             .trim()
             .parse()
-            .map_err(|_| format!("invalid pids limit {s:?}: expected a whole number"))?;
+            .map_err(|_| LimitArgError::Pids(s.to_owned()))?;
         cgroup_check(drums_cgroup::Limits {
             pids_max: Some(pids),
             ..Default::default()
@@ -487,19 +508,17 @@ fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
     })
 }
 
-fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, String> {
+fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, LimitArgError> {
     none_or(s, |s| {
-        drums_api::parse_cpus(s, Some(drums_cgroup::host_cpus())).map_err(|e| e.to_string())
+        Ok(drums_api::parse_cpus(s, Some(drums_cgroup::host_cpus()))?)
     })
 }
 
-fn parse_disk_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_disk_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let bytes = parse_size_arg(s)?;
         if bytes < drums_session::limits::MIN_DISK_BYTES {
-            return Err(format!(
-                "disk limit {bytes} bytes is below the minimum of 16 MiB"
-            ));
+            return Err(LimitArgError::DiskBelowMin(bytes));
         }
         Ok(bytes)
     })
