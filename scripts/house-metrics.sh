@@ -57,14 +57,15 @@ closed='"(creating|running|removing|pending|dumping|versioning|done|failed|queue
 string_cmps=$(prod | grep -E "(==|!=) *$closed|$closed *(==|!=)" | grep -vE '^\s*//' | wc -l)
 echo "closed_set_string_comparisons $string_cmps"
 
-# 6. Errors turned into text.
-chain_fns=$(src | xargs grep -hE 'fn (chain|error_chain)\(' | wc -l)
-chain_calls=$(src | xargs grep -hoE '\b(chain|error_chain)\(&' | wc -l)
-string_err_crates=$(src | xargs grep -lE 'Result<[^;{]*, *String>' | cut -d/ -f2 | sort -u | wc -l)
+# 6. Errors turned into text. (`|| true`: with pipefail, a grep that finds
+# nothing would end the script.)
+chain_fns=$( (src | xargs grep -hE 'fn (chain|error_chain)\(' || true) | wc -l)
+chain_calls=$( (src | xargs grep -hoE '\b(chain|error_chain)\(&' || true) | wc -l)
+string_err_crates=$( (src | xargs grep -lE 'Result<[^;{]*, *String>' || true) | cut -d/ -f2 | sort -u | wc -l)
 # SessionError's variants that hold a message made from an error (not an id
 # or name): its chain was flattened where it was raised.
-string_variants=$(git grep -hoE '^\s+(Hygiene|Desktop|Init|Injected|Conflict|Invalid)\((String|BoxError)\)' -- 'crates/session/src/lib.rs' | tr -d ' ' | tr '\n' ' ')
-anyhow_libs=$(git grep -lE 'anyhow' -- 'crates/*/src/*.rs' 'crates/*/src/**/*.rs' | grep -v '/main.rs$' | cut -d/ -f2 | sort -u | tr '\n' ' ')
+string_variants=$( (git grep -hoE '^\s+(Hygiene|Desktop|Init|Injected|Conflict|Invalid)\((String|BoxError)\)' -- 'crates/session/src/lib.rs' || true) | tr -d ' ' | tr '\n' ' ')
+anyhow_libs=$( (git grep -lE 'anyhow' -- 'crates/*/src/*.rs' 'crates/*/src/**/*.rs' || true) | (grep -v '/main.rs$' || true) | cut -d/ -f2 | sort -u | tr '\n' ' ')
 echo "error_chain_fns $chain_fns"
 echo "error_chain_call_sites $chain_calls"
 echo "crates_with_result_string $string_err_crates"

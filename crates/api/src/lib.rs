@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod cpus;
+mod error_chain;
 pub mod exec;
 pub mod guest;
 pub mod size;
@@ -15,6 +16,7 @@ pub mod types;
 
 pub use client::{Client, ClientError};
 pub use cpus::{check_cpus, parse_cpus, CpusError, MIN_CPUS};
+pub use error_chain::{error_chain, error_chain_map};
 pub use exec::{exec, ExecError, Stream};
 pub use size::{parse_size, SizeError};
 pub use states::*;

@@ -2,21 +2,16 @@
 //! version's state, a job's state and priority. On the wire and in the
 //! catalog each is its lowercase name (the same text as before they were
 //! types); inside drums each is an enum, so a comparison is checked by the
-//! compiler and a `match` names every case. With the `sql` feature each is
+//! compiler and a `match` names every case; text outside the set parses to
+//! [`UnknownName`]. With the `sql` feature each is
 //! stored as that text through rusqlite's `ToSql` and `FromSql`.
 
 use std::fmt;
 
-/// A value outside a closed set, from a request, a manifest or the catalog.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}: use {}", known.join(", "))]
-pub struct UnknownValue {
-    pub what: &'static str,
-    pub value: String,
-    pub known: &'static [&'static str],
-}
+use crate::UnknownName;
 
 macro_rules! closed_set {
+    (@join $first:literal $(, $rest:literal)*) => { concat!($first $(, ", ", $rest)*) };
     (
         $(#[$meta:meta])*
         $name:ident ($what:literal) {
@@ -48,14 +43,14 @@ macro_rules! closed_set {
         }
 
         impl std::str::FromStr for $name {
-            type Err = UnknownValue;
-            fn from_str(s: &str) -> Result<$name, UnknownValue> {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<$name, UnknownName> {
                 match s {
                     $($text => Ok($name::$variant),)+
-                    _ => Err(UnknownValue {
+                    _ => Err(UnknownName {
                         what: $what,
                         value: s.to_owned(),
-                        known: &[$($text,)+],
+                        choices: closed_set!(@join $($text),+),
                     }),
                 }
             }
@@ -73,7 +68,7 @@ macro_rules! closed_set {
             fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<$name> {
                 v.as_str()?
                     .parse()
-                    .map_err(|e: UnknownValue| rusqlite::types::FromSqlError::Other(Box::new(e)))
+                    .map_err(|e: UnknownName| rusqlite::types::FromSqlError::Other(Box::new(e)))
             }
         }
     };
@@ -225,7 +220,7 @@ mod tests {
         let e = "paused".parse::<SessionState>().unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown session state \"paused\": use creating, running, removing"
+            "unknown session state \"paused\" (creating, running, removing)"
         );
         assert!(serde_json::from_value::<Egress>(serde_json::json!("open")).is_err());
     }

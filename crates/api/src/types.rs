@@ -472,17 +472,28 @@ impl TurnClass {
     }
 }
 
+/// A name that is none of a closed set's (a turn class, a policy).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?} ({choices})")]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub value: String,
+    pub choices: &'static str,
+}
+
 impl std::str::FromStr for TurnClass {
-    type Err = String;
-    fn from_str(s: &str) -> Result<TurnClass, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<TurnClass, UnknownName> {
         match s {
             "none" => Ok(TurnClass::None),
             "files" => Ok(TurnClass::Files),
             "processes" => Ok(TurnClass::Processes),
             "both" => Ok(TurnClass::Both),
-            _ => Err(format!(
-                "unknown turn class {s:?} (none, files, processes, both)"
-            )),
+            _ => Err(UnknownName {
+                what: "turn class",
+                value: s.to_owned(),
+                choices: "none, files, processes, both",
+            }),
         }
     }
 }
@@ -607,16 +618,18 @@ impl Policy {
 }
 
 impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Policy, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Policy, UnknownName> {
         match s {
             "selective" => Ok(Policy::Selective),
             "full" => Ok(Policy::Full),
             "files" => Ok(Policy::Files),
             "off" => Ok(Policy::Off),
-            _ => Err(format!(
-                "unknown policy {s:?} (selective, full, files, off)"
-            )),
+            _ => Err(UnknownName {
+                what: "policy",
+                value: s.to_owned(),
+                choices: "selective, full, files, off",
+            }),
         }
     }
 }

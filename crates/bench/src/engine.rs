@@ -261,7 +261,9 @@ fn other_class(e: &TurnEffects) -> String {
 }
 
 /// What the turn was, when its class is not what `want` calls for: its
-/// version, if any, is not what this turn meant to measure.
+/// version, if any, is not what this turn meant to measure. (The inner
+/// `Err` is that description for the report, an outcome and not a failure;
+/// failures are the outer `Failure`.)
 async fn turn(
     c: &Client,
     s: &Session,

@@ -21,21 +21,87 @@ mod root;
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
-use drums_api::{Client, ImageList, Version};
-use drums_testkit::registry::{Registry, REGISTRY_BIN, SKOPEO_BIN};
+use drums_api::{error_chain, Client, ClientError, ImageList, Version};
 use hyper::Method;
 use serde_json::{json, Map, Value};
 use tokio::process::Command;
 
-use self::layout::{Layer, Layout};
+use self::layout::{Layer, Layout, LayoutError};
+use self::root::RootError;
 use super::{progress, Made};
 use crate::exit::{self, Failure};
 use crate::stats::p50_p95;
 use crate::table;
+use drums_testkit::registry::{Registry, RegistryError, REGISTRY_BIN, SKOPEO_BIN};
+
+/// What ends `drums bench image` before its report.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageBenchError {
+    #[error("run {command}")]
+    Run {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command}: {status}: {stderr}")]
+    Failed {
+        command: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("create the bench's directory")]
+    Workdir(#[source] std::io::Error),
+    /// `op` on `path`: "open", "remove".
+    #[error("{op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// "syncfs the store", "statvfs the store".
+    #[error("{op} the store")]
+    Store {
+        op: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+    /// A tool's output that is not what it says on this host.
+    #[error("{tool} said {output:?}")]
+    Said {
+        tool: String,
+        output: String,
+        #[source]
+        source: Option<std::num::ParseIntError>,
+    },
+    #[error("podman load printed no image name: {0:?}")]
+    NoImageName(String),
+    #[error("drums image import printed no image id")]
+    NoImageId,
+    #[error("drums lists {listed} of the {pulled} images pulled")]
+    Listed { listed: usize, pulled: usize },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error("the root rounds")]
+    RootTask(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Api(#[from] ClientError),
+}
+
+impl From<ImageBenchError> for Failure {
+    fn from(e: ImageBenchError) -> Failure {
+        Failure::internal(&e)
+    }
+}
+
+type Result<T, E = ImageBenchError> = std::result::Result<T, E>;
 
 /// Images in the disk phase, each the base plus a layer of its own.
 const DISK_IMAGES: usize = 10;
@@ -253,14 +319,23 @@ async fn timed(cmd: &mut Command) -> Result<(String, f64)> {
         .join(" ");
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     let t = Instant::now();
-    let out = cmd.output().await.with_context(|| format!("run {what}"))?;
+    let out = match cmd.output().await {
+        Ok(out) => out,
+        Err(source) => {
+            return Err(ImageBenchError::Run {
+                command: what,
+                source,
+            })
+        }
+    };
     let secs = t.elapsed().as_secs_f64();
-    ensure!(
-        out.status.success(),
-        "{what}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    if !out.status.success() {
+        return Err(ImageBenchError::Failed {
+            command: what,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
     Ok((String::from_utf8_lossy(&out.stdout).trim().to_owned(), secs))
 }
 
@@ -304,7 +379,7 @@ impl Stores {
             }
         }
         for e in failed {
-            eprintln!("drums: bench image: clean-up: {e:#}");
+            eprintln!("drums: bench image: clean-up: {}", error_chain(&e));
         }
     }
 }
@@ -365,7 +440,7 @@ async fn run(
     let work = tempfile::Builder::new()
         .prefix("drums-bench-image")
         .tempdir()
-        .context("create the bench's directory")?;
+        .map_err(ImageBenchError::Workdir)?;
     say(format!("writing the images from {} ...", base.display()));
     let t0 = Instant::now();
     let images = build(&work.path().join("layout"), base)?;
@@ -394,7 +469,7 @@ async fn run(
     let scratch = oci.join("tmp");
     let root = tokio::task::spawn_blocking(move || root::rounds(&top, &scratch, n))
         .await
-        .context("the root rounds")??;
+        .map_err(ImageBenchError::RootTask)??;
 
     // Last of the rounds on the pulled image: an import of the same image
     // would share its id (and its removal take the pulled one with it), so
@@ -524,7 +599,9 @@ async fn import_rounds(
                 }
                 let (out, secs) = timed(&mut t.drums(["image", "import", &file])).await?;
                 let id = out.lines().last().unwrap_or_default().trim().to_owned();
-                ensure!(!id.is_empty(), "drums image import printed no image id");
+                if id.is_empty() {
+                    return Err(ImageBenchError::NoImageId);
+                }
                 made.drums_images.insert(id.clone());
                 drums_id = Some(id);
                 if round > 0 {
@@ -543,7 +620,7 @@ async fn import_rounds(
                     .and_then(|l| l.split_once(": "))
                     .map(|(_, n)| n.trim().to_owned())
                     .filter(|n| !n.is_empty())
-                    .with_context(|| format!("podman load printed no image name: {out:?}"))?;
+                    .ok_or_else(|| ImageBenchError::NoImageName(out.clone()))?;
                 made.podman_images.insert(name.clone());
                 podman_name = Some(name);
                 if round > 0 {
@@ -571,19 +648,30 @@ async fn import_rounds(
 
 fn remove_file(p: &Path) -> Result<()> {
     match std::fs::remove_file(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("remove {}", p.display()))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", p)(e)),
         _ => Ok(()),
     }
 }
 
 fn remove_tree(p: &Path) -> Result<()> {
     match std::fs::remove_dir_all(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("remove {}", p.display()))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", p)(e)),
         _ => Ok(()),
+    }
+}
+
+/// `op` on `path` failed.
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImageBenchError {
+    let path = path.to_owned();
+    move |source| ImageBenchError::Io { op, path, source }
+}
+
+/// `tool`'s `output` is not what it says on this host.
+fn said(tool: impl Into<String>, output: &str) -> ImageBenchError {
+    ImageBenchError::Said {
+        tool: tool.into(),
+        output: output.to_owned(),
+        source: None,
     }
 }
 
@@ -690,7 +778,9 @@ async fn disk(
         .take(3)
         .filter_map(|v| v.parse().ok())
         .collect();
-    ensure!(f.len() == 3, "btrfs filesystem du said {out:?}");
+    if f.len() != 3 {
+        return Err(said("btrfs filesystem du", &out));
+    }
 
     let list: ImageList = c.json(Method::GET, "/v1/images", None::<&()>).await?;
     let ours: Vec<_> = list
@@ -698,12 +788,12 @@ async fn disk(
         .iter()
         .filter(|i| i.names.iter().any(|n| refs.contains(n)))
         .collect();
-    ensure!(
-        ours.len() == refs.len(),
-        "drums lists {} of the {} images pulled",
-        ours.len(),
-        refs.len()
-    );
+    if ours.len() != refs.len() {
+        return Err(ImageBenchError::Listed {
+            listed: ours.len(),
+            pulled: refs.len(),
+        });
+    }
     let mut inspect = cmd("podman", ["image", "inspect", "--format", "{{.Size}}"]);
     inspect.args(refs);
     let sizes = timed(&mut inspect).await?.0;
@@ -711,7 +801,11 @@ async fn disk(
         .lines()
         .map(|l| l.trim().parse::<u64>())
         .sum::<Result<u64, _>>()
-        .with_context(|| format!("podman image inspect said {sizes:?}"))?;
+        .map_err(|e| ImageBenchError::Said {
+            tool: "podman image inspect".into(),
+            output: sizes.clone(),
+            source: Some(e),
+        })?;
 
     let mut rm = t.drums(["image", "rm"]);
     rm.args(refs);
@@ -742,9 +836,10 @@ async fn store_used(store: &Path) -> Result<(u64, u64)> {
     // rounds before) in the background: wait for it, or it would come off
     // the "after" figure.
     timed(cmd("btrfs", ["subvolume", "sync"]).arg(store)).await?;
-    let dir = std::fs::File::open(store).with_context(|| format!("open {}", store.display()))?;
-    nix::unistd::syncfs(dir.as_raw_fd()).context("syncfs the store")?;
-    let s = nix::sys::statvfs::statvfs(store).context("statvfs the store")?;
+    let dir = std::fs::File::open(store).map_err(io("open", store))?;
+    let failed = |op| move |source| ImageBenchError::Store { op, source };
+    nix::unistd::syncfs(dir.as_raw_fd()).map_err(failed("syncfs"))?;
+    let s = nix::sys::statvfs::statvfs(store).map_err(failed("statvfs"))?;
     let used = (s.blocks() - s.blocks_free()) * s.fragment_size();
     let (usage, _) = timed(cmd("btrfs", ["filesystem", "usage", "--raw"]).arg(store)).await?;
     // The "Overall:" section's first "Used:" line.
@@ -752,7 +847,7 @@ async fn store_used(store: &Path) -> Result<(u64, u64)> {
         .lines()
         .find_map(|l| l.trim().strip_prefix("Used:"))
         .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("btrfs filesystem usage said {usage:?}"))?;
+        .ok_or_else(|| said("btrfs filesystem usage", &usage))?;
     Ok((used, btrfs_used))
 }
 
@@ -766,7 +861,7 @@ async fn du(p: &Path) -> Result<(u64, u64)> {
             .split_whitespace()
             .next()
             .and_then(|v| v.parse().ok())
-            .with_context(|| format!("du {flag} {} said {out:?}", p.display()))?;
+            .ok_or_else(|| said(format!("du {flag} {}", p.display()), &out))?;
     }
     Ok((v[0], v[1]))
 }

@@ -22,19 +22,31 @@ use drums_api::exec::enc;
 
 const CORPUS: &str = include_str!("../../inspect/corpus/turns.txt");
 
+/// A line of the corpus that is not `LABEL<tab>SCRIPT`.
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    #[error("corpus line {0}: no tab after the label")]
+    NoTab(usize),
+    #[error("corpus line {line}")]
+    Label {
+        line: usize,
+        #[source]
+        source: drums_api::UnknownName,
+    },
+}
+
 /// Turns of the corpus: (label, script). `#` starts a comment line.
-pub fn corpus() -> Result<Vec<(TurnClass, &'static str)>, String> {
+pub fn corpus() -> Result<Vec<(TurnClass, &'static str)>, CorpusError> {
     CORPUS
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|(i, l)| {
-            let (label, script) = l
-                .split_once('\t')
-                .ok_or_else(|| format!("corpus line {}: no tab after the label", i + 1))?;
+            let line = i + 1;
+            let (label, script) = l.split_once('\t').ok_or(CorpusError::NoTab(line))?;
             let label = label
                 .parse()
-                .map_err(|e| format!("corpus line {}: {e}", i + 1))?;
+                .map_err(|source| CorpusError::Label { line, source })?;
             Ok((label, script))
         })
         .collect()
@@ -107,7 +119,7 @@ fn paired(on: &Stats, off: &Stats) -> f64 {
 }
 
 pub async fn inspect(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
-    let turns = corpus().map_err(|e| Failure::new(exit::INTERNAL, e))?;
+    let turns = corpus().map_err(|e| Failure::internal(&e))?;
     let m = Made::new(c);
     let r = run(&m, n, &turns).await;
     let (overhead, latency, corpus) = m.finish(r).await?;

@@ -56,6 +56,7 @@ pub enum Latency {
     Sampled { seed: u64 },
 }
 
+/// The error is clap's message for `--latency` (no source to keep).
 impl std::str::FromStr for Latency {
     type Err = String;
     fn from_str(s: &str) -> Result<Latency, String> {
@@ -219,7 +220,9 @@ impl Mock {
             .expect("response"))
     }
 
-    /// The answer to a chat completions request, and how long to wait.
+    /// The answer to a chat completions request, and how long to wait. The
+    /// error is the text of the mock model's 404 body, as a model's API
+    /// says it: a wire message, not a failure of the bench.
     pub fn reply(&self, v: &Value) -> Result<(Duration, Value), String> {
         let model = v["model"].as_str().unwrap_or_default();
         let name = model

@@ -14,7 +14,82 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use drums_client::Failure;
+
+/// Finding, killing and starting again drumsd, or killing a session.
+#[derive(Debug, thiserror::Error)]
+pub enum RespawnError {
+    #[error("connect to {}", socket.display())]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("SO_PEERCRED of drumsd's socket")]
+    PeerCred(#[source] nix::Error),
+    #[error("read /proc/{pid}/{name}")]
+    Read {
+        pid: i32,
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read link /proc/{pid}/{name}")]
+    ReadLink {
+        pid: i32,
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("/proc/{0}/cmdline is empty: pid {0} is not a running drumsd")]
+    NotDrumsd(i32),
+    /// `what` is "drumsd" or "the session's init".
+    #[error("kill -9 {what} (pid {pid})")]
+    Kill {
+        what: &'static str,
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("{what} (pid {pid}) did not die")]
+    Undying {
+        what: &'static str,
+        pid: i32,
+        #[source]
+        source: TimedOut,
+    },
+    #[error("open {}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("dup log fd")]
+    DupLog(#[source] std::io::Error),
+    #[error("start {}", exe.display())]
+    Start {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("drumsd did not answer on {}", socket.display())]
+    NotUp {
+        socket: PathBuf,
+        #[source]
+        source: TimedOut,
+    },
+}
+
+impl From<RespawnError> for Failure {
+    fn from(e: RespawnError) -> Failure {
+        Failure::internal(&e)
+    }
+}
+
+/// [`wait_until`] gave up.
+#[derive(Debug, thiserror::Error)]
+#[error("not within {0:?}")]
+pub struct TimedOut(Duration);
 
 /// A running drumsd, as /proc describes it.
 #[derive(Clone)]
@@ -30,20 +105,31 @@ pub struct Daemon {
 
 impl Daemon {
     /// The daemon listening on `socket`.
-    pub fn of(socket: &Path) -> anyhow::Result<Daemon> {
+    pub fn of(socket: &Path) -> Result<Daemon, RespawnError> {
         use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-        let s = std::os::unix::net::UnixStream::connect(socket)
-            .with_context(|| format!("connect to {}", socket.display()))?;
+        let s = std::os::unix::net::UnixStream::connect(socket).map_err(|source| {
+            RespawnError::Connect {
+                socket: socket.to_owned(),
+                source,
+            }
+        })?;
         let pid = getsockopt(&s, PeerCredentials)
-            .context("SO_PEERCRED of drumsd's socket")?
+            .map_err(RespawnError::PeerCred)?
             .pid();
         let proc = PathBuf::from(format!("/proc/{pid}"));
-        let read = |name: &str| {
-            std::fs::read(proc.join(name)).with_context(|| format!("read /proc/{pid}/{name}"))
+        let read = |name: &'static str| {
+            std::fs::read(proc.join(name)).map_err(|source| RespawnError::Read {
+                pid,
+                name,
+                source,
+            })
         };
-        let link = |name: &str| {
-            std::fs::read_link(proc.join(name))
-                .with_context(|| format!("read link /proc/{pid}/{name}"))
+        let link = |name: &'static str| {
+            std::fs::read_link(proc.join(name)).map_err(|source| RespawnError::ReadLink {
+                pid,
+                name,
+                source,
+            })
         };
         let split = |b: Vec<u8>| -> Vec<OsString> {
             b.split(|&c| c == 0)
@@ -53,7 +139,7 @@ impl Daemon {
         };
         let mut args = split(read("cmdline")?);
         if args.is_empty() {
-            bail!("/proc/{pid}/cmdline is empty: pid {pid} is not a running drumsd");
+            return Err(RespawnError::NotDrumsd(pid));
         }
         args.remove(0);
         let env = split(read("environ")?)
@@ -82,17 +168,13 @@ impl Daemon {
 
     /// SIGKILL, and wait until it is gone (a zombie counts: it holds no
     /// lock or socket any more).
-    pub fn kill9(&self) -> anyhow::Result<()> {
-        let pid = nix::unistd::Pid::from_raw(self.pid);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
-            .with_context(|| format!("kill -9 drumsd (pid {})", self.pid))?;
-        wait_until(Duration::from_secs(10), || !running(self.pid))
-            .with_context(|| format!("drumsd (pid {}) did not die", self.pid))
+    pub fn kill9(&self) -> Result<(), RespawnError> {
+        kill9("drumsd", self.pid)
     }
 
     /// Start it again as it was started, detached (its own session, as
     /// `drums` starts one); returns at once, with the new process's pid.
-    pub fn respawn(&self) -> anyhow::Result<u32> {
+    pub fn respawn(&self) -> Result<u32, RespawnError> {
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.args)
             .current_dir(&self.cwd)
@@ -104,8 +186,12 @@ impl Daemon {
                 let f = std::fs::OpenOptions::new()
                     .append(true)
                     .open(p)
-                    .with_context(|| format!("open {}", p.display()))?;
-                cmd.stdout(f.try_clone().context("dup log fd")?).stderr(f);
+                    .map_err(|source| RespawnError::OpenLog {
+                        path: p.clone(),
+                        source,
+                    })?;
+                cmd.stdout(f.try_clone().map_err(RespawnError::DupLog)?)
+                    .stderr(f);
             }
             None => {
                 cmd.stdout(Stdio::null()).stderr(Stdio::null());
@@ -118,20 +204,24 @@ impl Daemon {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("start {}", self.exe.display()))?;
+        let child = cmd.spawn().map_err(|source| RespawnError::Start {
+            exe: self.exe.clone(),
+            source,
+        })?;
         // Not waited for: the daemon outlives the bench, as it did before.
         Ok(child.id())
     }
 
     /// Until the socket accepts a connection, which drumsd opens after it
     /// has taken over (and recovered) its sessions.
-    pub fn wait_up(&self, timeout: Duration) -> anyhow::Result<()> {
+    pub fn wait_up(&self, timeout: Duration) -> Result<(), RespawnError> {
         wait_until(timeout, || {
             std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
         })
-        .with_context(|| format!("drumsd did not answer on {}", self.socket.display()))
+        .map_err(|source| RespawnError::NotUp {
+            socket: self.socket.clone(),
+            source,
+        })
     }
 }
 
@@ -145,11 +235,11 @@ fn running(pid: i32) -> bool {
     }
 }
 
-fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
+fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> Result<(), TimedOut> {
     let deadline = Instant::now() + timeout;
     while !done() {
         if Instant::now() > deadline {
-            bail!("not within {timeout:?}");
+            return Err(TimedOut(timeout));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -158,10 +248,20 @@ fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow::Resu
 
 /// Kill a session's processes from outside (its init, and with it its pid
 /// namespace), as a crash would, and wait until its init is gone.
-pub fn kill_session(init_pid: i32) -> anyhow::Result<()> {
-    let pid = nix::unistd::Pid::from_raw(init_pid);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
-        .with_context(|| format!("kill -9 the session's init (pid {init_pid})"))?;
-    wait_until(Duration::from_secs(10), || !running(init_pid))
-        .with_context(|| format!("the session's init (pid {init_pid}) did not die"))
+pub fn kill_session(init_pid: i32) -> Result<(), RespawnError> {
+    kill9("the session's init", init_pid)
+}
+
+/// SIGKILL `what`, and wait until it is gone (a zombie counts).
+fn kill9(what: &'static str, pid: i32) -> Result<(), RespawnError> {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .map_err(|source| RespawnError::Kill { what, pid, source })?;
+    wait_until(Duration::from_secs(10), || !running(pid)).map_err(|source| RespawnError::Undying {
+        what,
+        pid,
+        source,
+    })
 }

@@ -84,6 +84,8 @@ pub enum ArchiveError {
     Unsigned,
     #[error("archive signature: {0}")]
     BadSignatureFile(String),
+    #[error("archive signature")]
+    SignatureKey(#[source] keys::PublicKeyError),
     #[error("archive checksum mismatch: the archive was damaged or altered after it was signed")]
     Checksum,
     #[error("bad archive signature: the archive was altered after it was signed")]
@@ -118,9 +120,14 @@ fn refused(path: &[u8], why: impl Into<String>) -> ArchiveError {
     }
 }
 
+/// A name that [`check_image_name`] refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid CRIU image name {0:?}: use letters, digits, '_', '.' or '-', not \".\" or \"..\"")]
+pub struct InvalidImageName(pub String);
+
 /// A CRIU image file name: one path component of `[A-Za-z0-9_.-]`, not `.`
 /// or `..`.
-pub fn check_image_name(name: &str) -> std::result::Result<(), String> {
+pub fn check_image_name(name: &str) -> std::result::Result<(), InvalidImageName> {
     let ok = !name.is_empty()
         && name.len() <= 255
         && name != "."
@@ -131,9 +138,7 @@ pub fn check_image_name(name: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "invalid CRIU image name {name:?}: use letters, digits, '_', '.' or '-', not \".\" or \"..\""
-        ))
+        Err(InvalidImageName(name.to_owned()))
     }
 }
 
@@ -479,7 +484,7 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
                 if depth != 2 || !kind.is_file() {
                     return Err(refused(&raw, "images/ holds only regular files"));
                 }
-                check_image_name(name).map_err(|why| refused(&raw, why))?;
+                check_image_name(name).map_err(|why| refused(&raw, why.to_string()))?;
                 images.insert(name.to_owned());
             }
             Some("fs") => {
@@ -514,7 +519,7 @@ pub fn verify(path: &Path, trust: &Trust) -> Result<Verified> {
         )));
     }
     for i in &manifest.images {
-        check_image_name(&i.name).map_err(|why| refused(i.name.as_bytes(), why))?;
+        check_image_name(&i.name).map_err(|why| refused(i.name.as_bytes(), why.to_string()))?;
     }
     drop(a);
     let digest: [u8; 32] = Rc::try_unwrap(st)
@@ -645,7 +650,7 @@ fn check_signature(text: &[u8], digest: &[u8; 32], trust: &Trust) -> Result<Stri
     if s.sha256 != hex(digest) {
         return Err(ArchiveError::Checksum);
     }
-    let key = keys::parse_public_key(&s.public_key).map_err(ArchiveError::BadSignatureFile)?;
+    let key = keys::parse_public_key(&s.public_key).map_err(ArchiveError::SignatureKey)?;
     let sig: [u8; 64] = base64::engine::general_purpose::STANDARD
         .decode(&s.signature)
         .ok()

@@ -48,6 +48,24 @@ pub enum KeyError {
         line: usize,
         why: String,
     },
+    #[error("{path} line {line}")]
+    Key {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: PublicKeyError,
+    },
+}
+
+/// The `<base64>` part of a public key that is not an ed25519 key.
+#[derive(Debug, thiserror::Error)]
+pub enum PublicKeyError {
+    #[error("not base64")]
+    Base64(#[source] base64::DecodeError),
+    #[error("an ed25519 key has 32 bytes, not {0}")]
+    Length(usize),
+    #[error("not an ed25519 key")]
+    Ed25519(#[source] ed25519_dalek::SignatureError),
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KeyError + 'a {
@@ -69,14 +87,12 @@ pub fn public_key_text(k: &VerifyingKey) -> String {
 }
 
 /// Parse the `<base64>` part of a public key.
-pub fn parse_public_key(text: &str) -> Result<VerifyingKey, String> {
-    let bytes = b64()
-        .decode(text.trim())
-        .map_err(|e| format!("not base64: {e}"))?;
+pub fn parse_public_key(text: &str) -> Result<VerifyingKey, PublicKeyError> {
+    let bytes = b64().decode(text.trim()).map_err(PublicKeyError::Base64)?;
     let bytes: [u8; 32] = bytes
         .try_into()
-        .map_err(|b: Vec<u8>| format!("an ed25519 key has 32 bytes, not {}", b.len()))?;
-    VerifyingKey::from_bytes(&bytes).map_err(|e| format!("not an ed25519 key: {e}"))
+        .map_err(|b: Vec<u8>| PublicKeyError::Length(b.len()))?;
+    VerifyingKey::from_bytes(&bytes).map_err(PublicKeyError::Ed25519)
 }
 
 pub struct HostKey {
@@ -208,7 +224,11 @@ fn parse_trusted(path: &Path, text: &str) -> Result<Vec<(VerifyingKey, String)>,
                 format!("expected \"{ALGORITHM} <base64 key> [comment]\""),
             ));
         }
-        let key = parse_public_key(key.unwrap_or("")).map_err(|why| bad(i + 1, why))?;
+        let key = parse_public_key(key.unwrap_or("")).map_err(|source| KeyError::Key {
+            path: path.to_owned(),
+            line: i + 1,
+            source,
+        })?;
         out.push((key, comment.to_owned()));
     }
     Ok(out)
@@ -260,10 +280,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("/t line 2: expected"), "{e}");
-        let e = parse_trusted(p, &format!("{TRUSTED_KEYS_HEADER}\ned25519 AAAA x\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("32 bytes"), "{e}");
+        let e = parse_trusted(p, &format!("{TRUSTED_KEYS_HEADER}\ned25519 AAAA x\n")).unwrap_err();
+        let e = drums_api::error_chain(&e);
+        assert_eq!(e, "/t line 2: an ed25519 key has 32 bytes, not 3");
         assert!(read_trusted(Path::new("/nonexistent/trusted-keys"))
             .unwrap()
             .is_empty());

@@ -425,6 +425,6 @@ pub enum TurnCommand {
 
 /// A CPU limit, by the same check drumsd applies (the host's CPU count is
 /// left to drumsd, which knows the host it runs on).
-pub fn parse_cpus(s: &str) -> Result<f64, String> {
-    drums_api::parse_cpus(s, None).map_err(|e| e.to_string())
+pub fn parse_cpus(s: &str) -> Result<f64, drums_api::CpusError> {
+    drums_api::parse_cpus(s, None)
 }

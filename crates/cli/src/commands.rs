@@ -21,13 +21,13 @@ pub fn create_request(a: &CreateArgs) -> Result<CreateSession, Failure> {
         .as_deref()
         .map(parse_size)
         .transpose()
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let disk_bytes = a
         .disk
         .as_deref()
         .map(parse_size)
         .transpose()
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(e.to_string()))?;
     Ok(CreateSession {
         name: a.name.clone(),
         profile: Some(a.profile.clone()),

@@ -35,7 +35,7 @@ pub async fn run_exec(
         Err(drums_api::ExecError::Broke { why, .. }) => {
             Err(exec_broke(c, session, format!("exec stream broke: {why}")).await)
         }
-        Err(e) => Err(anyhow::Error::new(e).into()),
+        Err(e) => Err(Failure::internal(&e)),
     }
 }
 

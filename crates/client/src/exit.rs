@@ -42,6 +42,10 @@ impl Failure {
     pub fn usage(message: impl Into<String>) -> Failure {
         Failure::new(USAGE, message)
     }
+    /// An internal error: its whole chain is the message.
+    pub fn internal(e: &dyn std::error::Error) -> Failure {
+        Failure::new(INTERNAL, drums_api::error_chain(e))
+    }
 }
 
 impl From<ClientError> for Failure {
@@ -56,21 +60,9 @@ impl From<ClientError> for Failure {
             ClientError::Connect { .. } => UNAVAILABLE,
             _ => INTERNAL,
         };
-        let mut message = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            message.push_str(&format!(": {s}"));
-            src = s.source();
-        }
-        Failure { code, message }
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Failure {
         Failure {
-            code: INTERNAL,
-            message: format!("{e:#}"),
+            code,
+            message: drums_api::error_chain(&e),
         }
     }
 }

@@ -41,9 +41,7 @@ pub struct Global {
 }
 
 /// Parse "512M", "1G", "1048576" (one parser for the CLI, vmrun and drumsd's config).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    drums_api::parse_size(s).map_err(|e| e.to_string())
-}
+pub use drums_api::parse_size;
 
 #[cfg(test)]
 mod tests {

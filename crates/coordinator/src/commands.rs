@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drums_catalog::CatalogError;
+use drums_session::SessionError;
 use http_body_util::{BodyExt, Full};
 use tracing::{info, warn};
 
@@ -112,8 +113,8 @@ pub struct Recovered {
 pub enum ReplayError {
     #[error("read the command log")]
     Log(#[from] CatalogError),
-    #[error("reach the session's guest: {0}")]
-    Session(String),
+    #[error("reach the session's guest")]
+    Session(#[source] Box<SessionError>),
     #[error("command {seq}: ask the guest")]
     Guest {
         seq: u64,
@@ -182,7 +183,7 @@ impl<S: Sessions> Coordinator<S> {
                 match run.unwrap_or(Err(ReplayError::TotalTimeout { after: total })) {
                     Ok(()) => None,
                     Err(e) => {
-                        let why = drums_session::error_chain(&e);
+                        let why = drums_api::error_chain(&e);
                         warn!(session = %sid, "run its commands again after the recovery: {why}");
                         Some(why)
                     }
@@ -225,7 +226,7 @@ impl<S: Sessions> Coordinator<S> {
         let session = self
             .manager
             .get(id)
-            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
+            .map_err(|e| ReplayError::Session(Box::new(e)))?;
         for c in &todo {
             let after = self.limits.reissue_command;
             tokio::time::timeout(after, self.run_again(&session, c))
@@ -247,7 +248,7 @@ impl<S: Sessions> Coordinator<S> {
         let client = self
             .manager
             .guest_proxy(session)
-            .map_err(|e| ReplayError::Session(drums_session::error_chain(&e)))?;
+            .map_err(|e| ReplayError::Session(Box::new(e)))?;
         let _open = self.manager.guest_stream(&session.id);
         let req = hyper::Request::builder()
             .method(hyper::Method::POST)

@@ -131,7 +131,7 @@ enum ProxyError {
     UnknownSession(String),
     /// Never taken for "no session": a caller the proxy cannot place is
     /// refused, not served as the host.
-    #[error("look up the session of {who}: {}", drums_session::error_chain(.source))]
+    #[error("look up the session of {who}: {}", drums_api::error_chain(.source))]
     Lookup {
         who: String,
         #[source]
@@ -279,7 +279,7 @@ struct Pending {
     /// The turn's end: its effects, or none if no turn was open after all
     /// (the session was rolled back or recovered since, which starts its
     /// turns again).
-    ending: Option<tokio::task::JoinHandle<Result<Ending, String>>>,
+    ending: Option<tokio::task::JoinHandle<Result<Ending, SessionError>>>,
     record: CoordinatedTurn,
     started: Instant,
 }
@@ -576,7 +576,7 @@ impl<S: Sessions> Coordinator<S> {
                 Err(e) => {
                     let err = ProxyError::Upstream {
                         upstream: base.authority().to_string(),
-                        why: drums_session::error_chain(&e),
+                        why: drums_api::error_chain(&e),
                     };
                     if let Some(mut p) = pending {
                         p.record.status = err.status().as_u16();
@@ -670,7 +670,7 @@ impl<S: Sessions> Coordinator<S> {
     /// the agent that sent it.
     /// Ends the session's turn and submits its version, while the request
     /// goes upstream.
-    fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+    fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, SessionError>> {
         let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
         let handover = self.turns.handover(&s.id);
         tokio::spawn(async move {
@@ -688,7 +688,7 @@ impl<S: Sessions> Coordinator<S> {
             .map(|e| Ending::Turn(Box::new(e)))
             .or_else(|e| match e {
                 SessionError::Inspect(InspectError::NoTurn(_)) => Ok(Ending::First(None)),
-                e => Err(drums_session::error_chain(&e)),
+                e => Err(e),
             })
         })
     }
@@ -698,7 +698,7 @@ impl<S: Sessions> Coordinator<S> {
     /// any turn changed something has a version to recover to), while the
     /// request goes upstream. The turn begun first makes the version's dump
     /// a boundary the inspector knows (docs/inspector.md).
-    fn base(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, String>> {
+    fn base(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, SessionError>> {
         let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
         let handover = self.turns.handover(&s.id);
         tokio::spawn(async move {
@@ -712,12 +712,9 @@ impl<S: Sessions> Coordinator<S> {
             }
             match begin_turn(&m, &id).await {
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
-                Err(e) => return Err(drums_session::error_chain(&e)),
+                Err(e) => return Err(e),
             }
-            m.base_version(&id, policy)
-                .await
-                .map(Ending::First)
-                .map_err(|e| drums_session::error_chain(&e))
+            m.base_version(&id, policy).await.map(Ending::First)
         })
     }
 
@@ -838,7 +835,7 @@ impl<S: Sessions> Coordinator<S> {
                     info!(session = %name, pid = found.ns_pid, "the agent lives in the session: not tracked")
                 }
                 Err(e) => {
-                    warn!(session = %name, "mark the agent: {}", drums_session::error_chain(&e))
+                    warn!(session = %name, "mark the agent: {}", drums_api::error_chain(&e))
                 }
             }
             if let Err(e) = me.log.catalog().coordinate(&id, Some(found.ns_pid)) {
@@ -879,7 +876,7 @@ impl<S: Sessions> Coordinator<S> {
                 Some(Err(e)) => {
                     p.record.error = Some(format!(
                         "upstream broke off: {}",
-                        drums_session::error_chain(&e)
+                        drums_api::error_chain(&e)
                     ));
                     p.broken = true;
                     let _ = tx.send(Err(e)).await;
@@ -970,7 +967,7 @@ impl<S: Sessions> Coordinator<S> {
                 }
                 Ok(Err(e)) => {
                     p.record.decision = "error".into();
-                    p.record.error.get_or_insert(e);
+                    p.record.error.get_or_insert(drums_api::error_chain(&e));
                 }
                 Err(e) => {
                     p.record.decision = "error".into();
@@ -1036,7 +1033,7 @@ impl<S: Sessions> Coordinator<S> {
                     warn!(
                     session = %p.session.name,
                         "begin the next turn: {}",
-                        drums_session::error_chain(&e)
+                        drums_api::error_chain(&e)
                     );
                 }
             }

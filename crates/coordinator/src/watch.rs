@@ -192,7 +192,7 @@ async fn recover<S: Sessions>(c: &Arc<Coordinator<S>>, id: &str, why: &str, oom:
             .await
             .expect("no panic")
         {
-            warn!(session = %id, "watch: kill what is left of the session: {}", drums_session::error_chain(&e));
+            warn!(session = %id, "watch: kill what is left of the session: {}", drums_api::error_chain(&e));
             return;
         }
     }
@@ -204,7 +204,7 @@ async fn recover<S: Sessions>(c: &Arc<Coordinator<S>>, id: &str, why: &str, oom:
         // A rollback or another recovery got there first.
         Err(SessionError::Conflict(_)) => {}
         Err(e) => {
-            warn!(session = %id, "{why}, and recovering it failed: {}", drums_session::error_chain(&e))
+            warn!(session = %id, "{why}, and recovering it failed: {}", drums_api::error_chain(&e))
         }
     }
 }

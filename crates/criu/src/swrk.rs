@@ -27,6 +27,11 @@ use crate::request::notify_ack;
 
 /// The notification callback: script name and the pid CRIU attached (the
 /// restored root's host pid for setup-namespaces and post-restore, 0 otherwise).
+///
+/// Its failure is text, not an error type: CRIU hears only the ack's bool,
+/// and the reason goes into `CriuError::Notify` beside CRIU's own log tail.
+/// The callbacks are written in crates/session; a typed (boxed) error that
+/// keeps its source would change them too.
 pub type NotifyFn<'a> = dyn FnMut(&str, i32) -> Result<(), String> + 'a;
 
 /// How often, while swrk works, `abandon` is asked whether to go on.

@@ -8,7 +8,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use hyper::body::{Body, Incoming};
 use hyper::service::Service;
 use hyper::{Request, Response};
@@ -17,6 +16,43 @@ use tokio::task::JoinSet;
 use tracing::warn;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Making the listener of one of drumsd's TCP services (`what`: "session
+/// api", "llm proxy"); `at` is the address (and device) it was to listen on.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{what} socket")]
+    Socket {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("SO_REUSEADDR for {at}")]
+    ReuseAddr {
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("SO_BINDTODEVICE for {at}")]
+    BindDevice {
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bind the {what} to {at}")]
+    Bind {
+        what: &'static str,
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("listen on {at}")]
+    Listen {
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// What one connection, and one caller, may hold.
 #[derive(Debug, Clone, Copy)]
@@ -126,23 +162,64 @@ impl Drop for Slot {
     }
 }
 
-/// A listener on `addr:port`, bound to the device `bridge`, so that nothing
-/// but what arrives through the bridge is accepted.
-pub fn bind_to_device(bridge: &str, addr: Ipv4Addr, port: u16) -> anyhow::Result<TcpListener> {
+/// The listener of `what` on `addr:port`, bound to the device `bridge`, so
+/// that nothing but what arrives through the bridge is accepted.
+pub fn bind_to_device(
+    what: &'static str,
+    bridge: &str,
+    addr: Ipv4Addr,
+    port: u16,
+) -> Result<TcpListener, BindError> {
     let at = format!("{addr}:{port} on {bridge}");
-    let socket = TcpSocket::new_v4().context("session api socket")?;
+    let socket = TcpSocket::new_v4().map_err(|source| BindError::Socket { what, source })?;
     // A restarted drumsd binds again at once, over connections of the
     // previous one in TIME_WAIT.
     socket
         .set_reuseaddr(true)
-        .with_context(|| format!("SO_REUSEADDR for {at}"))?;
+        .map_err(|source| BindError::ReuseAddr {
+            at: at.clone(),
+            source,
+        })?;
     socket
         .bind_device(Some(bridge.as_bytes()))
-        .with_context(|| format!("SO_BINDTODEVICE for {at}"))?;
+        .map_err(|source| BindError::BindDevice {
+            at: at.clone(),
+            source,
+        })?;
     socket
         .bind(SocketAddr::from((addr, port)))
-        .with_context(|| format!("bind the session api to {at}"))?;
+        .map_err(|source| BindError::Bind {
+            what,
+            at: at.clone(),
+            source,
+        })?;
     socket
         .listen(128)
-        .with_context(|| format!("listen on {at}"))
+        .map_err(|source| BindError::Listen { at, source })
+}
+
+/// The listener of `what` on `addr`, on this host (the LLM proxy's, for agents
+/// outside sessions).
+pub fn bind_local(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|source| BindError::Socket { what, source })?;
+    let at = addr.to_string();
+    socket
+        .set_reuseaddr(true)
+        .map_err(|source| BindError::ReuseAddr {
+            at: at.clone(),
+            source,
+        })?;
+    socket.bind(addr).map_err(|source| BindError::Bind {
+        what,
+        at: at.clone(),
+        source,
+    })?;
+    socket
+        .listen(1024)
+        .map_err(|source| BindError::Listen { at, source })
 }

@@ -4,9 +4,52 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use drums_session::ManagerConfig;
+
+/// drumsd's command line, where clap cannot check it: the values that
+/// depend on each other or on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("subnet {0:?} is not in CIDR form like 10.213.0.0/16")]
+    NotCidr(String),
+    #[error("subnet address {address:?}")]
+    SubnetAddress {
+        address: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("subnet prefix {prefix:?}")]
+    SubnetPrefix {
+        prefix: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("subnet prefix /{0} must be between /8 and /29")]
+    PrefixRange(u8),
+    #[error("subnet {subnet} has host bits set; use {network}/{prefix}")]
+    HostBits {
+        subnet: String,
+        network: Ipv4Addr,
+        prefix: u8,
+    },
+    #[error("find drumsd's own path")]
+    OwnPath(#[source] std::io::Error),
+    #[error("drumsd's path has no parent")]
+    NoParent,
+    #[error("bridge name {0:?} must be 1 to 15 characters")]
+    BridgeName(String),
+    #[error("--recovery-backoff {first} is over --recovery-backoff-max {max}")]
+    Backoff { first: u64, max: u64 },
+    #[error("--reissue-command-timeout and --reissue-timeout must be at least 1 second")]
+    ReissueTimeout,
+    #[error("--llm-proxy-local {value:?}: expected ADDR:PORT or off")]
+    LlmProxyLocal {
+        value: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -231,18 +274,18 @@ impl DaemonArgs {
             .unwrap_or_else(|| self.state_dir.join("images"))
     }
 
-    pub fn manager_config(&self) -> anyhow::Result<ManagerConfig> {
+    pub fn manager_config(&self) -> Result<ManagerConfig, ConfigError> {
         let (subnet, prefix) = parse_cidr(&self.subnet)?;
         let bin_src = match &self.bin_dir {
             Some(d) => d.clone(),
             None => std::env::current_exe()
-                .context("find drumsd's own path")?
+                .map_err(ConfigError::OwnPath)?
                 .parent()
                 .map(PathBuf::from)
-                .context("drumsd's path has no parent")?,
+                .ok_or(ConfigError::NoParent)?,
         };
         if self.bridge.is_empty() || self.bridge.len() > 15 {
-            bail!("bridge name {:?} must be 1 to 15 characters", self.bridge);
+            return Err(ConfigError::BridgeName(self.bridge.clone()));
         }
         Ok(ManagerConfig {
             state_dir: self.state_dir.clone(),
@@ -275,16 +318,15 @@ impl DaemonArgs {
 
 impl DaemonArgs {
     /// What one session may make the coordinator do.
-    pub fn coordinator_limits(&self) -> anyhow::Result<drums_coordinator::Limits> {
+    pub fn coordinator_limits(&self) -> Result<drums_coordinator::Limits, ConfigError> {
         if self.recovery_backoff > self.recovery_backoff_max {
-            bail!(
-                "--recovery-backoff {} is over --recovery-backoff-max {}",
-                self.recovery_backoff,
-                self.recovery_backoff_max
-            );
+            return Err(ConfigError::Backoff {
+                first: self.recovery_backoff,
+                max: self.recovery_backoff_max,
+            });
         }
         if self.reissue_command_timeout == 0 || self.reissue_timeout == 0 {
-            bail!("--reissue-command-timeout and --reissue-timeout must be at least 1 second");
+            return Err(ConfigError::ReissueTimeout);
         }
         Ok(drums_coordinator::Limits {
             reissue_command: Duration::from_secs(self.reissue_command_timeout),
@@ -315,17 +357,17 @@ impl DaemonArgs {
     }
 
     /// The LLM proxy's address for agents on this host, unless `off`.
-    pub fn llm_proxy_local(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    pub fn llm_proxy_local(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         if self.llm_proxy_local == "off" {
             return Ok(None);
         }
-        use anyhow::Context;
-        self.llm_proxy_local.parse().map(Some).with_context(|| {
-            format!(
-                "--llm-proxy-local {:?}: expected ADDR:PORT or off",
-                self.llm_proxy_local
-            )
-        })
+        self.llm_proxy_local
+            .parse()
+            .map(Some)
+            .map_err(|source| ConfigError::LlmProxyLocal {
+                value: self.llm_proxy_local.clone(),
+                source,
+            })
     }
 
     /// The bridge services: those asked for, the session API's and the LLM
@@ -392,7 +434,28 @@ impl DaemonArgs {
     }
 }
 
-fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+/// A size or limit on drumsd's command line that clap refuses (exit 2),
+/// saying this.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitArgError {
+    #[error(transparent)]
+    Size(#[from] drums_api::SizeError),
+    #[error("{0:?} is below 1M")]
+    BudgetBelow1M(String),
+    #[error(transparent)]
+    Cgroup(#[from] drums_cgroup::LimitsError),
+    #[error("invalid pids limit {0:?}: expected a whole number")]
+    Pids(String),
+    #[error(transparent)]
+    Cpus(#[from] drums_api::CpusError),
+    #[error("disk limit {0} bytes is below the minimum of 16 MiB")]
+    DiskBelowMin(u64),
+}
+
+fn none_or<T>(
+    s: &str,
+    parse: impl FnOnce(&str) -> Result<T, LimitArgError>,
+) -> Result<Limit<T>, LimitArgError> {
     if s.trim().eq_ignore_ascii_case("none") {
         Ok(Limit::None)
     } else {
@@ -400,27 +463,27 @@ fn none_or<T>(s: &str, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<
     }
 }
 
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    drums_api::parse_size(s).map_err(|e| e.to_string())
+fn parse_size_arg(s: &str) -> Result<u64, LimitArgError> {
+    Ok(drums_api::parse_size(s)?)
 }
 
 /// A budget: a size of at least 1 MiB (less would refuse every request an
 /// SDK makes).
-fn parse_budget_arg(s: &str) -> Result<u64, String> {
+fn parse_budget_arg(s: &str) -> Result<u64, LimitArgError> {
     let n = parse_size_arg(s)?;
     if n < 1 << 20 {
-        return Err(format!("{s:?} is below 1M"));
+        return Err(LimitArgError::BudgetBelow1M(s.to_owned()));
     }
     Ok(n)
 }
 
 /// The same bounds a request's limits are held to, checked when drumsd starts
 /// (exit 2) rather than at the first session.
-fn cgroup_check(l: drums_cgroup::Limits) -> Result<(), String> {
-    l.validate().map_err(|e| e.to_string())
+fn cgroup_check(l: drums_cgroup::Limits) -> Result<(), LimitArgError> {
+    Ok(l.validate()?)
 }
 
-fn parse_memory_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_memory_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let bytes = parse_size_arg(s)?;
         cgroup_check(drums_cgroup::Limits {
@@ -431,12 +494,12 @@ fn parse_memory_arg(s: &str) -> Result<Limit<u64>, String> {
     })
 }
 
-fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_pids_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let pids: u64 = s
             .trim()
             .parse()
-            .map_err(|_| format!("invalid pids limit {s:?}: expected a whole number"))?;
+            .map_err(|_| LimitArgError::Pids(s.to_owned()))?;
         cgroup_check(drums_cgroup::Limits {
             pids_max: Some(pids),
             ..Default::default()
@@ -445,19 +508,17 @@ fn parse_pids_arg(s: &str) -> Result<Limit<u64>, String> {
     })
 }
 
-fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, String> {
+fn parse_cpus_arg(s: &str) -> Result<Limit<f64>, LimitArgError> {
     none_or(s, |s| {
-        drums_api::parse_cpus(s, Some(drums_cgroup::host_cpus())).map_err(|e| e.to_string())
+        Ok(drums_api::parse_cpus(s, Some(drums_cgroup::host_cpus()))?)
     })
 }
 
-fn parse_disk_arg(s: &str) -> Result<Limit<u64>, String> {
+fn parse_disk_arg(s: &str) -> Result<Limit<u64>, LimitArgError> {
     none_or(s, |s| {
         let bytes = parse_size_arg(s)?;
         if bytes < drums_session::limits::MIN_DISK_BYTES {
-            return Err(format!(
-                "disk limit {bytes} bytes is below the minimum of 16 MiB"
-            ));
+            return Err(LimitArgError::DiskBelowMin(bytes));
         }
         Ok(bytes)
     })
@@ -475,21 +536,28 @@ fn host_nameservers(resolv_conf: &str) -> Vec<std::net::Ipv4Addr> {
         .collect()
 }
 
-fn parse_cidr(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
+fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), ConfigError> {
     let (a, p) = s
         .split_once('/')
-        .with_context(|| format!("subnet {s:?} is not in CIDR form like 10.213.0.0/16"))?;
-    let addr: Ipv4Addr = a.parse().with_context(|| format!("subnet address {a:?}"))?;
-    let prefix: u8 = p.parse().with_context(|| format!("subnet prefix {p:?}"))?;
+        .ok_or_else(|| ConfigError::NotCidr(s.to_owned()))?;
+    let addr: Ipv4Addr = a.parse().map_err(|source| ConfigError::SubnetAddress {
+        address: a.to_owned(),
+        source,
+    })?;
+    let prefix: u8 = p.parse().map_err(|source| ConfigError::SubnetPrefix {
+        prefix: p.to_owned(),
+        source,
+    })?;
     if !(8..=29).contains(&prefix) {
-        bail!("subnet prefix /{prefix} must be between /8 and /29");
+        return Err(ConfigError::PrefixRange(prefix));
     }
     let mask = u32::MAX << (32 - prefix);
     if u32::from(addr) & !mask != 0 {
-        bail!(
-            "subnet {s} has host bits set; use {}/{prefix}",
-            Ipv4Addr::from(u32::from(addr) & mask)
-        );
+        return Err(ConfigError::HostBits {
+            subnet: s.to_owned(),
+            network: Ipv4Addr::from(u32::from(addr) & mask),
+            prefix,
+        });
     }
     Ok((addr, prefix))
 }

@@ -34,9 +34,9 @@ impl From<SessionError> for ApiError {
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {
-            tracing::warn!("{}", drums_session::error_chain(&e));
+            tracing::warn!("{}", drums_api::error_chain(&e));
         }
-        ApiError::new(status, kind, drums_session::error_chain(&e))
+        ApiError::new(status, kind, drums_api::error_chain(&e))
     }
 }
 
@@ -59,7 +59,7 @@ impl From<ClientError> for ApiError {
                 "guest_unavailable",
                 format!(
                     "the session's guest agent did not answer: {}",
-                    drums_session::error_chain(&e)
+                    drums_api::error_chain(&e)
                 ),
             ),
         }

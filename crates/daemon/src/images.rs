@@ -30,7 +30,7 @@ fn internal(e: &dyn std::error::Error) -> ApiError {
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",
-        drums_session::error_chain(e),
+        drums_api::error_chain(e),
     )
 }
 
@@ -137,7 +137,7 @@ pub async fn pull(
                 }
                 Err(e) => serde_json::json!({
                     "event": "error",
-                    "message": drums_session::error_chain(&e),
+                    "message": drums_api::error_chain(&e),
                 }),
             };
             Some((Ok(Bytes::from(format!("{last}\n"))), (None, rx, None)))

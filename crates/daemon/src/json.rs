@@ -53,7 +53,7 @@ async fn read<T: DeserializeOwned>(req: Request) -> Result<Option<T>, ApiError> 
             "payload_too_large",
             format!(
                 "the request body is larger than {MAX_BODY} bytes or could not be read: {}",
-                drums_session::error_chain(&e)
+                drums_api::error_chain(&e)
             ),
         )
     })?;

@@ -18,47 +18,95 @@ pub mod session_api;
 
 pub use config::{Cli, Command, DaemonArgs};
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
-use drums_session::Manager;
+use drums_api::error_chain;
+use drums_session::{Manager, SessionError};
 use tokio::net::UnixListener;
 use tracing::{info, warn};
+
+/// What ends drumsd before it serves, or its serving.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(transparent)]
+    Bind(#[from] bounded::BindError),
+    #[error("install {signal} handler")]
+    Signal {
+        signal: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// On the state directory and the API's socket: `op` is what was done
+    /// to `path` ("create state directory", "bind", "chmod", ...).
+    #[error("{op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("prctl PR_SET_CHILD_SUBREAPER")]
+    Subreaper(#[source] std::io::Error),
+    #[error("another drumsd already listens on {}", .0.display())]
+    SocketInUse(PathBuf),
+    #[error("start session manager")]
+    StartManager(#[source] SessionError),
+    #[error(transparent)]
+    Upstreams(#[from] drums_coordinator::upstream::UpstreamError),
+    #[error("the coordinator's journal")]
+    Journal(#[source] drums_catalog::CatalogError),
+    #[error("the LLM proxy's upstream client")]
+    UpstreamClient(#[source] std::io::Error),
+    #[error("start warm pools")]
+    StartPools(#[source] SessionError),
+    #[error("serve api")]
+    Serve(#[source] std::io::Error),
+}
+
+/// `op` on `path` failed.
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let path = path.to_owned();
+    move |source| DaemonError::Io { op, path, source }
+}
 
 /// How long drumsd's stop waits for the session API's open connections.
 const SESSION_API_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Run the daemon until SIGTERM or SIGINT, then remove every session and the
 /// daemon's own resources.
-pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Handlers first: a SIGTERM that arrives while the manager starts (the
     // sweep can take seconds) is kept, and ends the daemon cleanly once it
     // serves, instead of killing it with the store still mounted.
     let shutdown = shutdown_signal()?;
     let cfg = args.manager_config()?;
     std::fs::create_dir_all(&cfg.state_dir)
-        .with_context(|| format!("create state directory {}", cfg.state_dir.display()))?;
+        .map_err(io("create state directory", &cfg.state_dir))?;
     // Root's alone: it holds images with setuid programs, the catalog, CRIU
     // images (code that runs as root) and the sessions' files.
     std::fs::set_permissions(
         &cfg.state_dir,
         std::os::unix::fs::PermissionsExt::from_mode(0o700),
     )
-    .with_context(|| format!("chmod 0700 {}", cfg.state_dir.display()))?;
+    .map_err(io("chmod 0700", &cfg.state_dir))?;
     let _lock = lock::acquire(&cfg.state_dir)?;
     // Restored process trees (and each session's PID 1, once drums-init's stage 0
     // exits) become our children, so we can reap them.
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only sets a flag on this process.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("prctl PR_SET_CHILD_SUBREAPER");
+        return Err(DaemonError::Subreaper(std::io::Error::last_os_error()));
     }
     let socket = args.socket_path();
     check_socket(&socket)?;
     let manager = Arc::new(
         Manager::start(cfg.clone())
             .await
-            .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
-            .context("start session manager")?,
+            .map_err(DaemonError::StartManager)?,
     );
     // Bound only once the sweep is done: a client that can connect finds a
     // daemon that is ready, with nothing of a previous one left.
@@ -70,7 +118,12 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let (stop_sessions_api, stopped) = tokio::sync::oneshot::channel::<()>();
     let session_api = match args.session_api() {
         Some(port) => {
-            let l = bounded::bind_to_device(&cfg.bridge, manager.bridge_address(), port)?;
+            let l = bounded::bind_to_device(
+                "session api",
+                &cfg.bridge,
+                manager.bridge_address(),
+                port,
+            )?;
             let api = session_api::SessionApi::new(
                 manager.clone(),
                 session_api::Budget::per_minute(args.self_rollbacks_per_minute),
@@ -88,7 +141,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // sessions, on the host for agents outside (docs/coordinator.md).
     let upstreams = drums_coordinator::Upstreams::parse(&args.llm_upstreams)?;
     let journal = drums_catalog::Catalog::open_for_journal(&cfg.state_dir.join("catalog.db"))
-        .context("the coordinator's journal")?;
+        .map_err(DaemonError::Journal)?;
     let coordinator = drums_coordinator::Coordinator::new(
         manager.clone(),
         upstreams,
@@ -96,21 +149,21 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         args.turn_policy,
         args.coordinator_limits()?,
     )
-    .context("the LLM proxy's upstream client")?;
+    .map_err(DaemonError::UpstreamClient)?;
     let watch = coordinator.spawn_watch();
     let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
     let mut proxies = Vec::new();
     let mut listeners = Vec::new();
     if let Some(port) = args.llm_proxy() {
-        let l = bounded::bind_to_device(&cfg.bridge, manager.bridge_address(), port)?;
+        let l = bounded::bind_to_device("llm proxy", &cfg.bridge, manager.bridge_address(), port)?;
         listeners.push((l, drums_coordinator::Listener::Bridge, PROXY_BRIDGE_BOUNDS));
     }
     if let Some(at) = args.llm_proxy_local()? {
         // Another drumsd (another state directory) may hold the address: this
         // one still serves everything else, and says so.
-        match bind_local(at) {
+        match bounded::bind_local("llm proxy", at) {
             Ok(l) => listeners.push((l, drums_coordinator::Listener::Local, PROXY_LOCAL_BOUNDS)),
-            Err(e) => warn!("llm proxy: not listening on {at}: {e:#}"),
+            Err(e) => warn!("llm proxy: not listening on {at}: {}", error_chain(&e)),
         }
     }
     for (l, which, bounds) in listeners {
@@ -140,8 +193,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // previous daemon left (docs/pools.md).
     let pools = drums_session::pools::Pools::start(manager.clone())
         .await
-        .map_err(|e| anyhow::anyhow!(drums_session::error_chain(&e)))
-        .context("start warm pools")?;
+        .map_err(DaemonError::StartPools)?;
     let app = server::router(manager.clone(), coordinator.clone(), pools.clone());
     // Followers of `drums inspect` would hold a graceful shutdown open forever.
     // Nor would takes waiting on an empty pool, for their timeout.
@@ -152,7 +204,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         p.end_takes();
     };
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    let served = serve.await.context("serve api");
+    let served = serve.await.map_err(DaemonError::Serve);
     if let Some((api, mut task)) = session_api {
         let _ = stop_sessions_api.send(());
         // A session may hold a connection open (a slow request, on purpose):
@@ -184,7 +236,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     info!("shutting down: removing every session");
     let _ = std::fs::remove_file(&socket);
     if let Err(e) = manager.shutdown().await {
-        warn!("shutdown: {}", drums_session::error_chain(&e));
+        warn!("shutdown: {}", error_chain(&e));
     }
     if let Some(k) = ksm {
         k.restore();
@@ -207,49 +259,33 @@ const PROXY_LOCAL_BOUNDS: bounded::Bounds = bounded::Bounds {
     lifetime: None,
 };
 
-fn bind_local(at: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    let socket = if at.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()
-    } else {
-        tokio::net::TcpSocket::new_v6()
-    }
-    .context("llm proxy socket")?;
-    socket.set_reuseaddr(true).context("SO_REUSEADDR")?;
-    socket
-        .bind(at)
-        .with_context(|| format!("bind the llm proxy to {at}"))?;
-    socket
-        .listen(1024)
-        .with_context(|| format!("listen on {at}"))
-}
-
-fn check_socket(socket: &std::path::Path) -> anyhow::Result<()> {
+fn check_socket(socket: &Path) -> Result<(), DaemonError> {
     if socket.exists() {
         // A live daemon answers; a socket file nobody listens on is stale.
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            anyhow::bail!("another drumsd already listens on {}", socket.display());
+            return Err(DaemonError::SocketInUse(socket.to_owned()));
         }
-        std::fs::remove_file(socket)
-            .with_context(|| format!("remove stale socket {}", socket.display()))?;
+        std::fs::remove_file(socket).map_err(io("remove stale socket", socket))?;
     }
     Ok(())
 }
 
-fn bind(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
+fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
     if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
     }
-    let l = UnixListener::bind(socket).with_context(|| format!("bind {}", socket.display()))?;
+    let l = UnixListener::bind(socket).map_err(io("bind", socket))?;
     // Root only: the API can run anything as root inside a session.
     std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .with_context(|| format!("chmod {}", socket.display()))?;
+        .map_err(io("chmod", socket))?;
     Ok(l)
 }
 
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    let installed = |signal| move |source| DaemonError::Signal { signal, source };
+    let mut term = signal(SignalKind::terminate()).map_err(installed("SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(installed("SIGINT"))?;
     Ok(async move {
         tokio::select! {
             _ = term.recv() => {},

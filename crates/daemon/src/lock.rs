@@ -3,13 +3,33 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use nix::fcntl::{Flock, FlockArg};
 
 pub struct StateLock(#[allow(dead_code)] Flock<File>);
+
+/// Taking the state directory's lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("open {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another drumsd (pid {pid}) already uses state directory {}", state_dir.display())]
+    Held { pid: String, state_dir: PathBuf },
+    /// Writing drumsd's pid into the lock file: `op` is "truncate lock file",
+    /// "rewind lock file" or "write pid to lock file".
+    #[error("{op}")]
+    WritePid {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// How long a lock whose daemon is dead may stay held. A child that drumsd
 /// forked keeps the lock's open file until it execs or exits: one caught
@@ -17,7 +37,7 @@ pub struct StateLock(#[allow(dead_code)] Flock<File>);
 /// after `kill -9` in the eval). A live daemon's lock is refused at once.
 const DEAD_HOLDER_GRACE: Duration = Duration::from_secs(10);
 
-pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
+pub fn acquire(state_dir: &Path) -> Result<StateLock, LockError> {
     let path = state_dir.join("drumsd.lock");
     let until = Instant::now() + DEAD_HOLDER_GRACE;
     let mut lock = loop {
@@ -27,7 +47,10 @@ pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
             .create(true)
             .truncate(false)
             .open(&path)
-            .with_context(|| format!("open {}", path.display()))?;
+            .map_err(|source| LockError::Open {
+                path: path.clone(),
+                source,
+            })?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => break l,
             Err((mut f, _)) => {
@@ -38,16 +61,17 @@ pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
-                bail!(
-                    "another drumsd (pid {pid}) already uses state directory {}",
-                    state_dir.display()
-                );
+                return Err(LockError::Held {
+                    pid,
+                    state_dir: state_dir.to_owned(),
+                });
             }
         }
     };
-    lock.set_len(0).context("truncate lock file")?;
-    lock.rewind().context("rewind lock file")?;
-    write!(lock, "{}", std::process::id()).context("write pid to lock file")?;
+    let failed = |op| move |source| LockError::WritePid { op, source };
+    lock.set_len(0).map_err(failed("truncate lock file"))?;
+    lock.rewind().map_err(failed("rewind lock file"))?;
+    write!(lock, "{}", std::process::id()).map_err(failed("write pid to lock file"))?;
     Ok(StateLock(lock))
 }
 

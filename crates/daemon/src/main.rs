@@ -1,6 +1,7 @@
 //! drumsd: parse the command line, start tracing, run.
 
 use clap::Parser;
+use drums_api::error_chain;
 use drums_daemon::{config::ImageCommand, Cli, Command};
 
 #[tokio::main]
@@ -12,14 +13,19 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
-        None => drums_daemon::run(cli.daemon).await,
+    let failed = match cli.command {
+        None => drums_daemon::run(cli.daemon)
+            .await
+            .err()
+            .map(|e| error_chain(&e)),
         Some(Command::Image(ImageCommand::Build { name, mirror })) => {
             drums_daemon::server::build_image(&cli.daemon, &name, mirror)
+                .err()
+                .map(|e| error_chain(&e))
         }
     };
-    if let Err(e) = result {
-        eprintln!("drumsd: {e:#}");
+    if let Some(why) = failed {
+        eprintln!("drumsd: {why}");
         std::process::exit(1);
     }
 }

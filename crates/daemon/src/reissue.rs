@@ -144,6 +144,18 @@ struct Given {
     sha: Sha256,
 }
 
+/// Why a re-issue gives up on the session coming back.
+#[derive(Debug, thiserror::Error)]
+enum NotRecovered {
+    /// The coordinator's words (it keeps them for `drums inspect` too).
+    #[error("its commands since the version did not run again: {0}")]
+    Commands(String),
+    #[error(transparent)]
+    Session(Box<drums_session::SessionError>),
+    #[error("not recovered within {0:?}")]
+    Timeout(Duration),
+}
+
 /// How an attempt ended.
 enum End {
     Exit,
@@ -197,8 +209,11 @@ impl Run {
                         Ok(s) => self.session = s,
                         Err(e) => {
                             self.c.command_ends(&id, self.seq, "failed");
-                            self.fail(format!("{why}; and the session did not come back: {e}"))
-                                .await;
+                            self.fail(format!(
+                                "{why}; and the session did not come back: {}",
+                                drums_api::error_chain(&e)
+                            ))
+                            .await;
                             return;
                         }
                     }
@@ -369,7 +384,7 @@ impl Run {
     /// The session once the coordinator recovered it and ran its commands
     /// since the version again. If they could not all run again (the
     /// re-issue limits), the command is not re-issued on such a state.
-    async fn recovered(&self) -> Result<Session, String> {
+    async fn recovered(&self) -> Result<Session, NotRecovered> {
         // The recovery itself, then its commands, which the re-issue limits
         // bound; the recovery's backoff comes on top.
         let wait = RECOVERY_WAIT + self.c.limits().reissue_total + self.c.limits().backoff.max;
@@ -378,17 +393,15 @@ impl Run {
             let r = self.c.recovery(&self.session.id);
             if r.count > self.recoveries {
                 if let Some(why) = r.failed {
-                    return Err(format!(
-                        "its commands since the version did not run again: {why}"
-                    ));
+                    return Err(NotRecovered::Commands(why));
                 }
                 return self
                     .m
                     .get(&self.session.id)
-                    .map_err(|e| drums_session::error_chain(&e));
+                    .map_err(|e| NotRecovered::Session(Box::new(e)));
             }
             if Instant::now() > deadline {
-                return Err(format!("not recovered within {wait:?}"));
+                return Err(NotRecovered::Timeout(wait));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

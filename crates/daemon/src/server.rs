@@ -296,7 +296,7 @@ async fn fork(
         Err(e) => {
             if !req.keep {
                 if let Err(rm) = m.remove_checkpoint(&ck.id).await {
-                    warn!(checkpoint = %ck.id, "remove the checkpoint of a fork whose restore failed: {}", drums_session::error_chain(&rm));
+                    warn!(checkpoint = %ck.id, "remove the checkpoint of a fork whose restore failed: {}", drums_api::error_chain(&rm));
                 }
             }
             return Err(e.into());
@@ -645,22 +645,47 @@ async fn fault(State(m): State<AppState>, JsonBody(f): JsonBody<Fault>) -> Resul
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `drumsd image build`.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildImageError {
+    #[error(transparent)]
+    Name(drums_image::ImageError),
+    #[error("find a Debian mirror")]
+    Mirror(#[source] drums_image::ImageError),
+    #[error("create {}", path.display())]
+    Cache {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("build image {name}")]
+    Build {
+        name: String,
+        #[source]
+        source: drums_image::ImageError,
+    },
+}
+
 /// `drumsd image build`: offline, since building takes minutes and needs no
 /// session.
 pub fn build_image(
     args: &crate::DaemonArgs,
     name: &str,
     mirror: Option<String>,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    drums_image::validate_name(name)?;
+) -> std::result::Result<(), BuildImageError> {
+    drums_image::validate_name(name).map_err(BuildImageError::Name)?;
     let mirror = match mirror {
         Some(m) => m,
-        None => drums_image::mirror_from_apt_sources("bookworm").context("find a Debian mirror")?,
+        None => {
+            drums_image::mirror_from_apt_sources("bookworm").map_err(BuildImageError::Mirror)?
+        }
     };
     let store = drums_image::ImageStore::new(args.images_dir());
     let cache = args.state_dir.join("cache/debootstrap");
-    std::fs::create_dir_all(&cache).with_context(|| format!("create {}", cache.display()))?;
+    std::fs::create_dir_all(&cache).map_err(|source| BuildImageError::Cache {
+        path: cache.clone(),
+        source,
+    })?;
     let info = store
         .build(
             name,
@@ -669,7 +694,10 @@ pub fn build_image(
             &cache,
             &mut |msg| eprintln!("image {name}: {msg}"),
         )
-        .with_context(|| format!("build image {name}"))?;
+        .map_err(|source| BuildImageError::Build {
+            name: name.to_owned(),
+            source,
+        })?;
     eprintln!(
         "image {name}: ready at {} ({} MiB)",
         info.rootfs.display(),

@@ -277,7 +277,7 @@ async fn rollback(
                 Ok(_) => info!(session = %name, version = number, "session rolled itself back"),
                 Err(e) => warn!(
                     "self rollback of {name} to version {number}: {}",
-                    drums_session::error_chain(&e)
+                    drums_api::error_chain(&e)
                 ),
             }
         });

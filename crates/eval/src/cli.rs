@@ -108,6 +108,6 @@ pub async fn run(g: &Global, a: &EvalArgs) -> Result<i32, Failure> {
             println!("{}", s.markdown);
             Ok(exit::OK)
         }
-        Err(e) => Err(Failure::new(exit::INTERNAL, crate::chain(&e))),
+        Err(e) => Err(Failure::new(exit::INTERNAL, drums_api::error_chain(&e))),
     }
 }

@@ -87,17 +87,6 @@ impl EvalError {
     }
 }
 
-/// An error and its sources, on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(&format!(": {x}"));
-        src = x.source();
-    }
-    s
-}
-
 /// The traces `--quick` runs the strategies on: each kind of work, and
 /// each of what a recovery must bring back.
 pub const QUICK_TRACES: usize = 8;
@@ -300,7 +289,7 @@ pub async fn eval(opts: &Options) -> Result<report::Summary, EvalError> {
     let density = match density::run(&setup, &mock, &strategy_traces, opts).await {
         Ok(d) => d,
         Err(e) => {
-            failed.push(format!("density: {}", chain(&e)));
+            failed.push(format!("density: {}", drums_api::error_chain(&e)));
             Vec::new()
         }
     };
@@ -445,7 +434,7 @@ async fn run_jobs(
     let mut errors: Vec<String> = all
         .into_iter()
         .filter_map(Result::err)
-        .map(|e| chain(&e))
+        .map(|e| drums_api::error_chain(&e))
         .collect();
     let left = queue.into_inner().unwrap_or_else(|p| p.into_inner()).len();
     if left > 0 {

@@ -182,7 +182,7 @@ pub async fn run(
         r.error.get_or_insert(format!("remove session {name}: {e}"));
     }
     if let Err(e) = out {
-        r.error = Some(crate::chain(&e));
+        r.error = Some(drums_api::error_chain(&e));
     }
     r.wall_s = t0.elapsed().as_secs_f64();
     if job.inside {
@@ -601,7 +601,7 @@ async fn ask(proxy: SocketAddr, session: &str, body: &Value) -> Result<Value, Ev
             Ok((status, v)) => {
                 return Err(EvalError::Model(format!("{path}: {status}: {v}")));
             }
-            Err(e) => e,
+            Err(e) => drums_api::error_chain(&e),
         };
         if Instant::now() > deadline {
             return Err(EvalError::Model(format!(
@@ -612,14 +612,37 @@ async fn ask(proxy: SocketAddr, session: &str, body: &Value) -> Result<Value, Ev
     }
 }
 
-async fn exchange(proxy: SocketAddr, path: &str, body: Bytes) -> Result<(u16, Value), String> {
+/// One exchange with the model through the proxy, that broke.
+#[derive(Debug, thiserror::Error)]
+enum ExchangeError {
+    #[error("connect {proxy}")]
+    Connect {
+        proxy: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("handshake")]
+    Handshake(#[source] hyper::Error),
+    #[error("send")]
+    Send(#[source] hyper::Error),
+    #[error("answer")]
+    Answer(#[source] hyper::Error),
+    #[error("answer is no JSON")]
+    Json(#[source] serde_json::Error),
+}
+
+async fn exchange(
+    proxy: SocketAddr,
+    path: &str,
+    body: Bytes,
+) -> Result<(u16, Value), ExchangeError> {
     let s = tokio::net::TcpStream::connect(proxy)
         .await
-        .map_err(|e| format!("connect {proxy}: {e}"))?;
+        .map_err(|source| ExchangeError::Connect { proxy, source })?;
     let _ = s.set_nodelay(true);
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
         .await
-        .map_err(|e| format!("handshake: {e}"))?;
+        .map_err(ExchangeError::Handshake)?;
     tokio::spawn(conn);
     let req = hyper::Request::builder()
         .method(Method::POST)
@@ -628,18 +651,15 @@ async fn exchange(proxy: SocketAddr, path: &str, body: Bytes) -> Result<(u16, Va
         .header("content-type", "application/json")
         .body(Full::new(body))
         .expect("request");
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| format!("send: {e}"))?;
+    let resp = send.send_request(req).await.map_err(ExchangeError::Send)?;
     let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("answer: {e}"))?
+        .map_err(ExchangeError::Answer)?
         .to_bytes();
-    let v = serde_json::from_slice(&bytes).map_err(|e| format!("answer is no JSON: {e}"))?;
+    let v = serde_json::from_slice(&bytes).map_err(ExchangeError::Json)?;
     Ok((status, v))
 }
 

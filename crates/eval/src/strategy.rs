@@ -69,6 +69,7 @@ impl Strategy {
     }
 }
 
+/// The error is clap's message for `--strategy` (no source to keep).
 impl std::str::FromStr for Strategy {
     type Err = String;
     fn from_str(s: &str) -> Result<Strategy, String> {

@@ -89,7 +89,7 @@ fn desktop_error(e: DesktopError) -> ApiError {
         StatusCode::GATEWAY_TIMEOUT => "timeout",
         _ => "desktop",
     };
-    ApiError::new(status, kind, crate::error::chain(&e))
+    ApiError::new(status, kind, crate::error::lowercase_chain(&e))
 }
 
 async fn start(

@@ -34,7 +34,7 @@ impl ApiError {
     /// so the client sees the underlying cause (e.g. the errno text) and not just
     /// the outermost "failed to open …".
     pub fn from_error(status: StatusCode, kind: &'static str, err: &dyn StdError) -> Self {
-        Self::new(status, kind, chain(err))
+        Self::new(status, kind, lowercase_chain(err))
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -74,18 +74,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Joins an error and its sources with ": ", lowercasing the first letter of
-/// each part: the API promises lowercase messages, and the OS texts that end
+/// An error and its sources on one line, each part's first letter
+/// lowercased: the API promises lowercase messages, and the OS texts that end
 /// such chains ("No such file or directory") are capitalised.
-pub fn chain(err: &dyn StdError) -> String {
-    let mut out = lower_first(&err.to_string());
-    let mut source = err.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&lower_first(&cause.to_string()));
-        source = cause.source();
-    }
-    out
+pub fn lowercase_chain(err: &dyn StdError) -> String {
+    drums_api::error_chain_map(err, lower_first)
 }
 
 pub(crate) fn lower_first(s: &str) -> String {
@@ -111,7 +104,7 @@ mod tests {
         struct Outer(#[source] std::io::Error);
         let err = Outer(std::io::Error::from_raw_os_error(libc::ENOENT));
         assert_eq!(
-            chain(&err),
+            lowercase_chain(&err),
             "failed to open /x: no such file or directory (os error 2)"
         );
     }

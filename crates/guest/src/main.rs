@@ -34,6 +34,8 @@ struct Options {
     session_api: SessionApi,
 }
 
+/// The error is the usage message the agent prints before it exits: text
+/// for the operator, with no source to keep.
 fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let mut listeners = Vec::new();
     let mut hygiene = HygieneConfig::default();
@@ -88,7 +90,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
 }
 
 /// The agent's cwd is whatever init gave it, so a relative directory would
-/// mean something different from what the caller saw.
+/// mean something different from what the caller saw. (A usage message, as
+/// [`parse_args`]'s.)
 fn absolute_dir(name: &str, value: &str) -> Result<PathBuf, String> {
     if value.starts_with('/') {
         Ok(value.into())
@@ -150,7 +153,7 @@ fn main() -> ExitCode {
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{}", drums_guest::error::chain(&e));
+            tracing::error!("{}", drums_guest::error::lowercase_chain(&e));
             ExitCode::FAILURE
         }
     }

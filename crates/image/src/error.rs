@@ -5,8 +5,8 @@ use std::process::ExitStatus;
 ///
 /// Messages are lowercase and name the operation and the path involved; the
 /// underlying error is kept as the [`std::error::Error::source`] rather than
-/// repeated in the message, so print the whole chain (e.g. anyhow's `{:#}`)
-/// to see it.
+/// repeated in the message, so print the whole chain to see it (drumsd and
+/// the CLI do, with `drums_api::error_chain`).
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// Image names become directory names and appear in CLI output, so they

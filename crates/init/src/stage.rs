@@ -25,18 +25,6 @@ fn report(r: &Report) {
     let _ = out.write_all(&line).and_then(|_| out.flush());
 }
 
-/// The full chain of an error, so drumsd's message names the root cause.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// Read one line from stdin without buffering past it: the rest of the pipe
 /// belongs to stage 1 (the `go` line).
 fn read_line() -> Result<Option<String>, std::io::Error> {
@@ -76,7 +64,8 @@ pub fn stage0() -> ! {
 }
 
 fn fail(e: InitError) -> ! {
-    report(&Report::Error(chain(&e)));
+    // The whole chain, so drumsd's message names the root cause.
+    report(&Report::Error(drums_api::error_chain(&e)));
     std::process::exit(1)
 }
 

@@ -11,28 +11,37 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use crate::error::RunError;
 use crate::exec::run;
 use crate::reply;
 use crate::State;
+
+/// Reading AT-SPI through the script.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("AT-SPI reader exited with {code}: {tail}")]
+    Exited { code: i32, tail: String },
+    #[error("AT-SPI reader printed no JSON")]
+    NoJson(#[source] serde_json::Error),
+}
 
 const SCRIPT: &str = include_str!("accessibility.py");
 /// Walking a large LibreOffice or Chrome tree takes seconds; a hung
 /// AT-SPI call must not hold the request forever.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-async fn read(st: &State, mode: &str) -> Result<Value, String> {
+async fn read(st: &State, mode: &str) -> Result<Value, ReadError> {
     let python = st.cfg.python.to_string_lossy().into_owned();
     let args = vec!["-c".to_string(), SCRIPT.to_string(), mode.to_string()];
-    let f = run(&st.cfg, &python, &args, None, Some(TIMEOUT), false)
-        .await
-        .map_err(|e| crate::error::error_chain(&e))?;
+    let f = run(&st.cfg, &python, &args, None, Some(TIMEOUT), false).await?;
     if f.returncode != 0 {
         let why = f.stderr.trim();
-        let tail = &why[why.len().saturating_sub(2000)..];
-        return Err(format!(
-            "AT-SPI reader exited with {}: {tail}",
-            f.returncode
-        ));
+        return Err(ReadError::Exited {
+            code: f.returncode,
+            tail: why[why.len().saturating_sub(2000)..].to_owned(),
+        });
     }
     // The JSON is the last line: AT-SPI daemons that the session bus
     // starts on demand can inherit stdout and chatter before it.
@@ -42,16 +51,16 @@ async fn read(st: &State, mode: &str) -> Result<Value, String> {
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("");
-    serde_json::from_str(last).map_err(|e| format!("AT-SPI reader printed no JSON: {e}"))
+    serde_json::from_str(last).map_err(ReadError::NoJson)
 }
 
 /// GET /accessibility: `{"AT": "<desktop-frame ...>...</desktop-frame>"}`.
 pub(crate) async fn accessibility(st: State) -> Response {
     match read(&st, "tree").await {
         Ok(v) => reply::json(StatusCode::OK, v),
-        Err(message) => reply::json(
+        Err(e) => reply::json(
             StatusCode::INTERNAL_SERVER_ERROR,
-            json!({"status": "error", "message": format!("accessibility tree unavailable: {message}")}),
+            json!({"status": "error", "message": format!("accessibility tree unavailable: {}", drums_api::error_chain(&e))}),
         ),
     }
 }
@@ -62,9 +71,9 @@ pub(crate) async fn accessibility(st: State) -> Response {
 pub(crate) async fn terminal(st: State) -> Response {
     match read(&st, "terminal").await {
         Ok(v) => reply::json(StatusCode::OK, v),
-        Err(message) => reply::json(
+        Err(e) => reply::json(
             StatusCode::INTERNAL_SERVER_ERROR,
-            json!({"status": "error", "message": format!("terminal output unavailable: {message}")}),
+            json!({"status": "error", "message": format!("terminal output unavailable: {}", drums_api::error_chain(&e))}),
         ),
     }
 }

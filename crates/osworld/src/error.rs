@@ -45,20 +45,7 @@ impl RunError {
     pub(crate) fn python_message(&self) -> String {
         match self {
             RunError::Spawn { program, source } => crate::reply::py_os_error(source, program),
-            other => error_chain(other),
+            other => drums_api::error_chain(other),
         }
     }
-}
-
-/// "op: cause: cause" — for error bodies, which have no other place to
-/// show the source.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

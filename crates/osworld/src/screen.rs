@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use drums_screen::{Screen, ScreenError};
 use serde_json::json;
 
-use crate::error::error_chain;
 use crate::files::form_field;
 use crate::reply;
 use crate::{AppState, State};
+use drums_api::error_chain;
 
 /// Runs `f` with the shared X connection on the blocking pool; an X error
 /// drops the connection (the server may have restarted) and becomes a 500

@@ -9,10 +9,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
-use crate::error::error_chain;
 use crate::exec::{expand_path, run, spawn_detached, which};
 use crate::reply::{self, json_object, py_list, py_quote, py_str, truthy};
 use crate::State;
+use drums_api::error_chain;
 
 /// How long the original waits for an opened file's window, by default.
 const OPEN_FILE_TIMEOUT_SECS: f64 = 1800.0;

@@ -346,20 +346,8 @@ pub(crate) fn io(
     move |source| SessionError::Io { op, path, source }
 }
 
-/// The full chain of an error, for messages that must name the root cause.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.ends_with(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
+/// The one chain formatter (drums_api's), for the logs and messages here.
+pub use drums_api::error_chain;
 
 #[cfg(test)]
 mod tests {

@@ -18,16 +18,7 @@ pub mod registry;
 pub use oci::OciError;
 pub use registry::{Registry, RegistryError};
 
-/// An error and its causes on one line, `: `-separated: the `Debug` of this
-/// crate's errors. Tests `.expect` them, which prints `Debug`, and should
-/// read what a person reads (a registry's log unescaped), not a derived
-/// struct.
 fn write_chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt::Result {
-    write!(f, "{e}")?;
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        write!(f, ": {c}")?;
-        cause = c.source();
-    }
-    Ok(())
+    // The one chain formatter's text, for a test's `.expect`.
+    f.write_str(&drums_api::error_chain(e))
 }

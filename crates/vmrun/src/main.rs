@@ -29,7 +29,7 @@ async fn main() {
             let usage = matches!(e, Error::Usage(_));
             // On stdout, as VMware's vmrun prints it: OSWorld's provider
             // reads only stdout, so this is where its log can show why.
-            println!("Error: {:#}", anyhow::Error::from(e));
+            println!("Error: {}", drums_api::error_chain(&e));
             if usage {
                 eprintln!("{}", command::USAGE);
             }

@@ -127,8 +127,9 @@ pub fn parse(text: &str) -> Result<Spec, VmxError> {
     }
     let mut limits = Limits::default();
     if let Some(m) = get("drums.memory") {
-        limits.memory_bytes =
-            Some(drums_client::parse_size(m).map_err(|e| invalid("drums.memory", m, &e))?);
+        limits.memory_bytes = Some(
+            drums_client::parse_size(m).map_err(|e| invalid("drums.memory", m, &e.to_string()))?,
+        );
     }
     if let Some(c) = get("drums.cpus") {
         limits.cpus = Some(
@@ -221,11 +222,20 @@ fn value(v: &str, line: usize) -> Result<String, VmxError> {
     if !(after.is_empty() || after.starts_with('#')) {
         return Err(syntax("text after the closing quote"));
     }
-    unescape(&rest[..close]).map_err(|m| syntax(&m))
+    unescape(&rest[..close]).map_err(|e| syntax(&e.to_string()))
+}
+
+/// A quoted value's `|XX` escapes that are not.
+#[derive(Debug, thiserror::Error)]
+enum BadEscape {
+    #[error("bad escape at {0:?}: use |XX with two hex digits")]
+    NotHex(String),
+    #[error("escapes make invalid UTF-8")]
+    Utf8,
 }
 
 /// VMware's `|XX` escapes (two hex digits, one byte).
-fn unescape(s: &str) -> Result<String, String> {
+fn unescape(s: &str) -> Result<String, BadEscape> {
     if !s.contains('|') {
         return Ok(s.to_owned());
     }
@@ -237,9 +247,7 @@ fn unescape(s: &str) -> Result<String, String> {
             let hex = s
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| {
-                    format!("bad escape at {:?}: use |XX with two hex digits", &s[i..])
-                })?;
+                .ok_or_else(|| BadEscape::NotHex(s[i..].to_owned()))?;
             out.push(hex);
             i += 3;
         } else {
@@ -247,7 +255,7 @@ fn unescape(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| "escapes make invalid UTF-8".to_owned())
+    String::from_utf8(out).map_err(|_| BadEscape::Utf8)
 }
 
 /// Session names as drumsd accepts them (crates/session/src/spec.rs), checked

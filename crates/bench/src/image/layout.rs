@@ -12,7 +12,6 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
 use drums_testkit::oci::{
     append_tree, DEFAULT_PATH, FIXED_MTIME, MEDIA_CONFIG, MEDIA_INDEX, MEDIA_LAYER_GZIP,
     MEDIA_MANIFEST, OCI_LAYOUT, REF_NAME,
@@ -20,6 +19,57 @@ use drums_testkit::oci::{
 use flate2::write::GzEncoder;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+/// Writing the layout.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error("create layout {}", dir.display())]
+    Create {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("write {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A step of streaming a layer into its blob ("write the layer's tar",
+    /// "finish the layer's gzip", ...).
+    #[error("{step}")]
+    Blob {
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("layer of {}", root.display())]
+    LayerOf {
+        root: PathBuf,
+        #[source]
+        source: Box<LayoutError>,
+    },
+    #[error("encode {what}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+type Result<T, E = LayoutError> = std::result::Result<T, E>;
+
+/// `step` of writing a blob failed.
+fn blob_step(step: impl Into<String>) -> impl FnOnce(io::Error) -> LayoutError {
+    let step = step.into();
+    move |source| LayoutError::Blob { step, source }
+}
+
+/// Writing `path` failed.
+fn writing(path: &Path) -> impl FnOnce(io::Error) -> LayoutError {
+    let path = path.to_owned();
+    move |source| LayoutError::Write { path, source }
+}
 
 /// A layer's blob in the layout.
 #[derive(Clone, Debug)]
@@ -44,10 +94,14 @@ pub struct Layout {
 
 impl Layout {
     pub fn create(dir: &Path) -> Result<Layout> {
-        std::fs::create_dir_all(dir.join("blobs/sha256"))
-            .with_context(|| format!("create layout {}", dir.display()))?;
-        std::fs::write(dir.join("oci-layout"), OCI_LAYOUT)
-            .with_context(|| format!("write {}/oci-layout", dir.display()))?;
+        std::fs::create_dir_all(dir.join("blobs/sha256")).map_err(|source| {
+            LayoutError::Create {
+                dir: dir.to_owned(),
+                source,
+            }
+        })?;
+        let marker = dir.join("oci-layout");
+        std::fs::write(&marker, OCI_LAYOUT).map_err(writing(&marker))?;
         Ok(Layout {
             dir: dir.to_owned(),
             manifests: Vec::new(),
@@ -60,8 +114,12 @@ impl Layout {
 
     /// A layer of the whole tree at `root`, the root itself left out.
     pub fn layer_from_dir(&self, root: &Path) -> Result<Layer> {
-        self.layer(|b| Ok(append_tree(b, root)?))
-            .with_context(|| format!("layer of {}", root.display()))
+        // The tree's error (its path named) rides as the io error's text.
+        self.layer(|b| append_tree(b, root).map_err(io::Error::other))
+            .map_err(|e| LayoutError::LayerOf {
+                root: root.to_owned(),
+                source: Box::new(e),
+            })
     }
 
     /// A layer of regular files (path in the image, content), root's, 0644,
@@ -85,11 +143,11 @@ impl Layout {
 
     /// Stream a tar, filled by `fill` (which returns its entry count),
     /// through gzip into a new blob.
-    fn layer(&self, fill: impl FnOnce(&mut LayerTar) -> Result<u64>) -> Result<Layer> {
+    fn layer(&self, fill: impl FnOnce(&mut LayerTar) -> io::Result<u64>) -> Result<Layer> {
         let blobs = self.dir.join("blobs/sha256");
         let tmp = tempfile::NamedTempFile::new_in(&blobs)
-            .with_context(|| format!("create a blob in {}", blobs.display()))?;
-        let file = tmp.reopen().context("reopen the new blob")?;
+            .map_err(blob_step(format!("create a blob in {}", blobs.display())))?;
+        let file = tmp.reopen().map_err(blob_step("reopen the new blob"))?;
         // Level fast: the blob is made once per run, and gzip's level
         // changes what every arm has to inflate far less than the time to
         // make it.
@@ -99,18 +157,24 @@ impl Layout {
         );
         let mut b = tar::Builder::new(Hashing::new(gz));
         b.follow_symlinks(false);
-        let entries = fill(&mut b).context("write the layer's tar")?;
-        let tar = b.into_inner().context("finish the layer's tar")?;
+        let entries = fill(&mut b).map_err(blob_step("write the layer's tar"))?;
+        let tar = b
+            .into_inner()
+            .map_err(blob_step("finish the layer's tar"))?;
         let (diff_id, tar_size) = (tar.digest(), tar.bytes);
-        let blob = tar.inner.finish().context("finish the layer's gzip")?;
+        let blob = tar
+            .inner
+            .finish()
+            .map_err(blob_step("finish the layer's gzip"))?;
         let (digest, size) = (blob.digest(), blob.bytes);
         blob.inner
             .into_inner()
             .map_err(|e| e.into_error())
-            .context("flush the layer's blob")?;
+            .map_err(blob_step("flush the layer's blob"))?;
         let hex = digest.trim_start_matches("sha256:");
         tmp.persist(blobs.join(hex))
-            .with_context(|| format!("name blob {digest}"))?;
+            .map_err(|e| e.error)
+            .map_err(blob_step(format!("name blob {digest}")))?;
         Ok(Layer {
             digest,
             diff_id,
@@ -161,16 +225,22 @@ impl Layout {
             "manifests": self.manifests,
         });
         let path = self.dir.join("index.json");
-        std::fs::write(&path, serde_json::to_vec(&index)?)
-            .with_context(|| format!("write {}", path.display()))
+        let index = serde_json::to_vec(&index).map_err(|source| LayoutError::Encode {
+            what: "index.json",
+            source,
+        })?;
+        std::fs::write(&path, index).map_err(writing(&path))
     }
 
     /// A JSON blob: its digest and size.
     fn blob(&self, v: &Value) -> Result<(String, u64)> {
-        let bytes = serde_json::to_vec(v)?;
+        let bytes = serde_json::to_vec(v).map_err(|source| LayoutError::Encode {
+            what: "a json blob",
+            source,
+        })?;
         let hex = format!("{:x}", Sha256::digest(&bytes));
         let path = self.dir.join("blobs/sha256").join(&hex);
-        std::fs::write(&path, &bytes).with_context(|| format!("write {}", path.display()))?;
+        std::fs::write(&path, &bytes).map_err(writing(&path))?;
         Ok((format!("sha256:{hex}"), bytes.len() as u64))
     }
 }

@@ -23,10 +23,62 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use drums_store::StoreError;
 use drums_sys::idmap::{self, Extent};
+use drums_sys::SysError;
 
 use super::Arms;
+
+/// A round of a session's root: each step names itself in `op`.
+#[derive(Debug, thiserror::Error)]
+pub enum RootError {
+    #[error("root, {arm}")]
+    Arm {
+        arm: &'static str,
+        #[source]
+        source: Box<RootError>,
+    },
+    #[error("{op}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op}")]
+    Store {
+        op: &'static str,
+        #[source]
+        source: StoreError,
+    },
+    #[error("{op}")]
+    Idmap {
+        op: &'static str,
+        #[source]
+        source: SysError,
+    },
+    #[error("mount the overlay")]
+    Mount(#[source] nix::Error),
+    #[error("move_mount the idmapped root")]
+    Attach(#[source] std::io::Error),
+    #[error("mount point {0:?} has a NUL byte")]
+    Nul(std::path::PathBuf),
+    #[error("written_since saw {0} bytes")]
+    Unseen(u64),
+}
+
+type Result<T, E = RootError> = std::result::Result<T, E>;
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> RootError {
+    move |source| RootError::Io { op, source }
+}
+
+fn store(op: &'static str) -> impl FnOnce(StoreError) -> RootError {
+    move |source| RootError::Store { op, source }
+}
+
+fn idmapping(op: &'static str) -> impl FnOnce(SysError) -> RootError {
+    move |source| RootError::Idmap { op, source }
+}
 
 /// `drums_session::ids`: where stored session ids live on disk, and the
 /// size of a range.
@@ -66,8 +118,9 @@ pub fn rounds(top: &Path, scratch: &Path, rounds: usize) -> Result<Arms> {
     for round in 0..=rounds {
         for k in 0..2 {
             let snapshot = (round + k) % 2 == 1;
-            let m = once(top, scratch, snapshot).with_context(|| {
-                format!("root, {}", if snapshot { "snapshot" } else { "overlay" })
+            let m = once(top, scratch, snapshot).map_err(|e| RootError::Arm {
+                arm: if snapshot { "snapshot" } else { "overlay" },
+                source: Box::new(e),
             })?;
             if round > 0 {
                 let arm = if snapshot { "snapshot" } else { "overlay" };
@@ -95,25 +148,32 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
     let sv = scratch.join(format!("bench-root-{}", std::process::id()));
     let snap = scratch.join(format!("bench-root-{}-ck", std::process::id()));
     let root = scratch.join(format!("bench-root-{}-mnt", std::process::id()));
-    std::fs::create_dir_all(&root).context("create the mount point")?;
+    std::fs::create_dir_all(&root).map_err(io("create the mount point"))?;
     let result = (|| {
         let t = Instant::now();
         let changes = if snapshot {
-            drums_store::snapshot(top, &sv, false)?;
-            let ns = idmap::user_namespace(&session_map())?;
-            let tree = idmap::idmapped_tree(&sv, ns.as_fd(), false)?;
+            drums_store::snapshot(top, &sv, false).map_err(store("snapshot the layer"))?;
+            let ns =
+                idmap::user_namespace(&session_map()).map_err(idmapping("the session's userns"))?;
+            let tree = idmap::idmapped_tree(&sv, ns.as_fd(), false)
+                .map_err(idmapping("idmap the snapshot"))?;
             attach(tree.as_raw_fd(), &root)?;
             sv.clone()
         } else {
-            drums_store::create_subvolume(&sv)?;
+            drums_store::create_subvolume(&sv).map_err(store("create the upper's subvolume"))?;
             for d in ["upper", "work"] {
-                std::fs::create_dir(sv.join(d))?;
+                std::fs::create_dir(sv.join(d)).map_err(io("create upper and work"))?;
             }
-            std::os::unix::fs::chown(sv.join("upper"), Some(DISK_BASE), Some(DISK_BASE))?;
-            let session_ns = idmap::user_namespace(&session_map())?;
-            let store_ns = idmap::user_namespace(&store_map())?;
-            let image = idmap::idmapped_tree(top, session_ns.as_fd(), true)?;
-            let store = idmap::idmapped_tree(&sv, store_ns.as_fd(), false)?;
+            std::os::unix::fs::chown(sv.join("upper"), Some(DISK_BASE), Some(DISK_BASE))
+                .map_err(io("chown the upper"))?;
+            let session_ns =
+                idmap::user_namespace(&session_map()).map_err(idmapping("the session's userns"))?;
+            let store_ns =
+                idmap::user_namespace(&store_map()).map_err(idmapping("the store's userns"))?;
+            let image = idmap::idmapped_tree(top, session_ns.as_fd(), true)
+                .map_err(idmapping("idmap the layer"))?;
+            let store = idmap::idmapped_tree(&sv, store_ns.as_fd(), false)
+                .map_err(idmapping("idmap the upper's subvolume"))?;
             let store_path = idmap::fd_path(store.as_fd());
             nix::mount::mount(
                 Some("overlay"),
@@ -127,29 +187,34 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
                     )
                     .as_str(),
                 ),
-            )?;
+            )
+            .map_err(RootError::Mount)?;
             sv.clone()
         };
         let mount = t.elapsed().as_secs_f64();
         // What a version counts from: the generation after a commit, as a
         // session's previous version leaves it (not timed).
         nix::unistd::sync();
-        let gen = drums_store::subvolume_generation(&changes)?;
+        let gen = drums_store::subvolume_generation(&changes)
+            .map_err(store("the changes' generation"))?;
         // A turn's worth of change: a file written, one edited. Host root
         // has no id in the snapshot's idmapped mount (the session's range
         // only), so it writes that subvolume directly; the overlay's upper
         // maps host root, so it writes through the mount, copying up.
         let at = if snapshot { &sv } else { &root };
-        std::fs::write(at.join("etc/drums-bench-turn"), vec![b'x'; 64 << 10])?;
-        std::fs::write(at.join("etc/hostname"), b"bench\n")?;
+        std::fs::write(at.join("etc/drums-bench-turn"), vec![b'x'; 64 << 10])
+            .map_err(io("write a turn's file"))?;
+        std::fs::write(at.join("etc/hostname"), b"bench\n").map_err(io("edit a file"))?;
         nix::unistd::sync();
         let t = Instant::now();
-        drums_store::snapshot(&changes, &snap, true)?;
+        drums_store::snapshot(&changes, &snap, true).map_err(store("snapshot the changes"))?;
         let checkpoint = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let w = drums_store::written_since(&snap, gen)?;
+        let w = drums_store::written_since(&snap, gen).map_err(store("written_since"))?;
         let scan = t.elapsed().as_secs_f64();
-        anyhow::ensure!(w.bytes >= 64 << 10, "written_since saw {} bytes", w.bytes);
+        if w.bytes < 64 << 10 {
+            return Err(RootError::Unseen(w.bytes));
+        }
         Ok(Once {
             mount,
             checkpoint,
@@ -165,7 +230,8 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
 
 /// Attach a detached mount (an idmapped tree) at `target`.
 fn attach(fd: i32, target: &Path) -> Result<()> {
-    let target = CString::new(target.as_os_str().as_encoded_bytes())?;
+    let target = CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| RootError::Nul(target.to_owned()))?;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
     // SAFETY: `fd` is an open mount fd for the call's duration; both
     // strings are NUL-terminated and outlive the call; the kernel only
@@ -181,7 +247,7 @@ fn attach(fd: i32, target: &Path) -> Result<()> {
         )
     };
     if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("move_mount the idmapped root");
+        return Err(RootError::Attach(std::io::Error::last_os_error()));
     }
     Ok(())
 }
