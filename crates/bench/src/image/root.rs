@@ -18,14 +18,13 @@
 //! The id maps are drumsd's (`drums_session::ids`), with the last slot of
 //! its id pool, which no session gets before 8191 others.
 
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Instant;
 
 use drums_store::StoreError;
 use drums_sys::idmap::{self, Extent};
-use drums_sys::SysError;
+use drums_sys::{LinuxSyscall, SysError, Syscall};
 
 use super::Arms;
 
@@ -57,11 +56,9 @@ pub enum RootError {
         source: SysError,
     },
     #[error("mount the overlay")]
-    Mount(#[source] nix::Error),
-    #[error("move_mount the idmapped root")]
-    Attach(#[source] std::io::Error),
-    #[error("mount point {0:?} has a NUL byte")]
-    Nul(std::path::PathBuf),
+    Mount(#[source] SysError),
+    #[error("attach the idmapped root")]
+    Attach(#[source] SysError),
     #[error("written_since saw {0} bytes")]
     Unseen(u64),
 }
@@ -149,6 +146,8 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
     let snap = scratch.join(format!("bench-root-{}-ck", std::process::id()));
     let root = scratch.join(format!("bench-root-{}-mnt", std::process::id()));
     std::fs::create_dir_all(&root).map_err(io("create the mount point"))?;
+    // The seam every privileged call of drums goes through.
+    let sys = LinuxSyscall;
     let result = (|| {
         let t = Instant::now();
         let changes = if snapshot {
@@ -157,7 +156,8 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
                 idmap::user_namespace(&session_map()).map_err(idmapping("the session's userns"))?;
             let tree = idmap::idmapped_tree(&sv, ns.as_fd(), false)
                 .map_err(idmapping("idmap the snapshot"))?;
-            attach(tree.as_raw_fd(), &root)?;
+            sys.move_mount(tree.as_fd(), &root)
+                .map_err(RootError::Attach)?;
             sv.clone()
         } else {
             drums_store::create_subvolume(&sv).map_err(store("create the upper's subvolume"))?;
@@ -175,11 +175,11 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
             let store = idmap::idmapped_tree(&sv, store_ns.as_fd(), false)
                 .map_err(idmapping("idmap the upper's subvolume"))?;
             let store_path = idmap::fd_path(store.as_fd());
-            nix::mount::mount(
+            sys.mount(
                 Some("overlay"),
                 &root,
                 Some("overlay"),
-                nix::mount::MsFlags::empty(),
+                drums_sys::MsFlags::empty(),
                 Some(
                     format!(
                         "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work",
@@ -221,33 +221,9 @@ fn once(top: &Path, scratch: &Path, snapshot: bool) -> Result<Once> {
             scan,
         })
     })();
-    let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
+    let _ = sys.umount2(&root, drums_sys::MntFlags::MNT_DETACH);
     let _ = std::fs::remove_dir(&root);
     let _ = drums_store::delete_subvolume(&snap);
     let _ = drums_store::delete_subvolume(&sv);
     result
-}
-
-/// Attach a detached mount (an idmapped tree) at `target`.
-fn attach(fd: i32, target: &Path) -> Result<()> {
-    let target = CString::new(target.as_os_str().as_encoded_bytes())
-        .map_err(|_| RootError::Nul(target.to_owned()))?;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    // SAFETY: `fd` is an open mount fd for the call's duration; both
-    // strings are NUL-terminated and outlive the call; the kernel only
-    // reads them.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            fd,
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r != 0 {
-        return Err(RootError::Attach(std::io::Error::last_os_error()));
-    }
-    Ok(())
 }
