@@ -273,7 +273,12 @@ pub async fn import_archive(
         .body(StreamBody::new(stream))
         .expect("valid request");
     let resp = c.check(c.send(req).await?).await;
-    let _ = reader.join();
+    // The reader ends once its last frame is sent or once hyper drops the
+    // body (drumsd answered early, a refusal, and closed the connection).
+    // Either needs this runtime to poll the connection: a blocking join on
+    // it (one thread) deadlocked when the refusal came before the archive
+    // was read.
+    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
     serde_json::from_slice(&c.read_body(resp?).await?)
         .map_err(|e| Failure::new(exit::INTERNAL, format!("decode import answer: {e}")))
 }
