@@ -1,5 +1,5 @@
 //! The API's closed sets: a session's state, profile, network and egress, a
-//! version's state, a job's state and priority. On the wire and in the
+//! version's state, a job's state and priority, a logged command's state. On the wire and in the
 //! catalog each is its lowercase name (the same text as before they were
 //! types); inside drums each is an enum, so a comparison is checked by the
 //! compiler and a `match` names every case; text outside the set parses to
@@ -146,6 +146,25 @@ closed_set! {
 }
 
 closed_set! {
+    /// Where a command run through a coordinated session's exec is, in the
+    /// command log that a recovery replays.
+    CommandState("command state") {
+        Running = "running",
+        Done = "done",
+        Failed = "failed",
+        /// Run again after a recovery, to its end.
+        Reissued = "reissued",
+        /// Its caller went away, which stops it.
+        Cancelled = "cancelled",
+        /// Run again after a recovery, its output differed from what the
+        /// caller already had.
+        Diverged = "diverged",
+        /// drumsd stopped while it ran.
+        Interrupted = "interrupted",
+    }
+}
+
+closed_set! {
     /// A checkpoint job's queue.
     Priority("priority") {
         Normal = "normal",
@@ -210,6 +229,7 @@ mod tests {
         round_trip(Egress::ALL);
         round_trip(VersionState::ALL);
         round_trip(JobState::ALL);
+        round_trip(CommandState::ALL);
         round_trip(Priority::ALL);
         let texts: Vec<&str> = SessionState::ALL.iter().map(|s| s.as_str()).collect();
         assert_eq!(texts, ["creating", "running", "removing"]);

@@ -17,6 +17,7 @@
 //!
 //! Rows go with their session (`Catalog::delete_session`).
 
+use drums_api::CommandState;
 use rusqlite::{params, OptionalExtension};
 
 use crate::{sql, Catalog, Result};
@@ -47,8 +48,7 @@ pub struct Command {
     pub turn: Option<u64>,
     /// The exec request, as JSON.
     pub request: String,
-    /// running | done | failed | reissued
-    pub state: String,
+    pub state: CommandState,
     pub started_at_ms: i64,
 }
 
@@ -409,7 +409,7 @@ impl Catalog {
 
     /// A command ended (`done`, `failed`), or was re-issued after a
     /// recovery (`reissued`).
-    pub fn end_command(&self, id: &str, seq: u64, state: &str) -> Result<()> {
+    pub fn end_command(&self, id: &str, seq: u64, state: CommandState) -> Result<()> {
         self.conn()
             .execute(
                 "UPDATE commands SET state = ?3, ended_at_ms = ?4 WHERE session_id = ?1 AND seq = ?2",
@@ -554,13 +554,13 @@ mod tests {
         let c = Catalog::in_memory().unwrap();
         assert_eq!(c.begin_command("s", 0, None, "{}").unwrap(), 0);
         assert_eq!(c.begin_command("s", 1, Some(1), "{\"a\":1}").unwrap(), 1);
-        c.end_command("s", 0, "done").unwrap();
+        c.end_command("s", 0, CommandState::Done).unwrap();
         let all = c.commands("s").unwrap();
         assert_eq!(
             all.iter()
-                .map(|c| (c.seq, c.position, c.state.as_str()))
+                .map(|c| (c.seq, c.position, c.state))
                 .collect::<Vec<_>>(),
-            vec![(0, 0, "done"), (1, 1, "running")]
+            vec![(0, 0, CommandState::Done), (1, 1, CommandState::Running)]
         );
         for i in 0..5 {
             c.log_turn_record("s", &i.to_string(), 3).unwrap();

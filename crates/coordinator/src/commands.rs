@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use drums_api::CommandState;
 use drums_catalog::CatalogError;
 use drums_session::SessionError;
 use http_body_util::{BodyExt, Full};
@@ -40,8 +41,8 @@ impl<S: Sessions> Coordinator<S> {
         catalog.begin_command(id, position, turn, request)
     }
 
-    /// `done`, `failed`, `reissued` or `diverged`.
-    pub fn command_ends(&self, id: &str, seq: u64, state: &str) {
+    /// How a command ended: done, failed, reissued, cancelled or diverged.
+    pub fn command_ends(&self, id: &str, seq: u64, state: CommandState) {
         if let Err(e) = self.log.catalog().end_command(id, seq, state) {
             tracing::warn!(session = %id, "log the end of command {seq}: {e}");
         }
@@ -87,7 +88,7 @@ impl<S: Sessions> Coordinator<S> {
                 .filter(|c| {
                     after(c)
                         && c.seq < outstanding
-                        && ["done", "reissued"].contains(&c.state.as_str())
+                        && matches!(c.state, CommandState::Done | CommandState::Reissued)
                 })
                 .map(|c| Logged {
                     seq: c.seq,
@@ -215,7 +216,7 @@ impl<S: Sessions> Coordinator<S> {
             .catalog()
             .commands(id)?
             .iter()
-            .filter(|c| c.state == "running")
+            .filter(|c| c.state == CommandState::Running)
             .map(|c| c.seq)
             .min()
             .unwrap_or(u64::MAX);

@@ -20,7 +20,7 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use base64::Engine;
 use bytes::Bytes;
-use drums_api::{ExecFrame, ExecRequest, Session};
+use drums_api::{CommandState, ExecFrame, ExecRequest, Session};
 use drums_coordinator::Coordinator;
 use drums_session::Manager;
 use http_body_util::{BodyExt, Full};
@@ -81,7 +81,7 @@ pub async fn exec(
     let first = match start(&m, &session, &body).await {
         Ok(a) => a,
         Err(e) => {
-            c.command_ends(&session.id, seq, "failed");
+            c.command_ends(&session.id, seq, CommandState::Failed);
             return Err(e);
         }
     };
@@ -185,30 +185,34 @@ impl Run {
         loop {
             match self.pump(&mut attempt, &mut given, &mut again).await {
                 End::Exit => {
-                    let state = if again.is_some() { "reissued" } else { "done" };
+                    let state = if again.is_some() {
+                        CommandState::Reissued
+                    } else {
+                        CommandState::Done
+                    };
                     self.c.command_ends(&id, self.seq, state);
                     return;
                 }
                 End::ClientGone => {
                     // Dropping the guest's answer stops the command.
-                    self.c.command_ends(&id, self.seq, "cancelled");
+                    self.c.command_ends(&id, self.seq, CommandState::Cancelled);
                     return;
                 }
                 End::Diverged(why) => {
-                    self.c.command_ends(&id, self.seq, "diverged");
+                    self.c.command_ends(&id, self.seq, CommandState::Diverged);
                     self.fail(why).await;
                     return;
                 }
                 End::Broken(why) => {
                     if again.is_some() || !self.session_failed().await {
-                        self.c.command_ends(&id, self.seq, "failed");
+                        self.c.command_ends(&id, self.seq, CommandState::Failed);
                         self.fail(why).await;
                         return;
                     }
                     match self.recovered().await {
                         Ok(s) => self.session = s,
                         Err(e) => {
-                            self.c.command_ends(&id, self.seq, "failed");
+                            self.c.command_ends(&id, self.seq, CommandState::Failed);
                             self.fail(format!(
                                 "{why}; and the session did not come back: {}",
                                 drums_api::error_chain(&e)
@@ -221,7 +225,7 @@ impl Run {
                     attempt = match start(&self.m, &self.session, &self.body).await {
                         Ok(a) => a,
                         Err(e) => {
-                            self.c.command_ends(&id, self.seq, "failed");
+                            self.c.command_ends(&id, self.seq, CommandState::Failed);
                             self.fail(format!("re-issue after the recovery: {}", e.message))
                                 .await;
                             return;

@@ -545,13 +545,13 @@ async fn bad_input_gets_a_clear_answer_and_the_turns_stay_in_order() {
         .await
         .unwrap();
     let journal = drums_catalog::Catalog::open(&d.state.path().join("catalog.db")).unwrap();
-    let states: Vec<String> = journal
+    let states: Vec<_> = journal
         .commands(&s.id)
         .unwrap()
         .into_iter()
         .map(|c| c.state)
         .collect();
-    assert_eq!(states, ["done", "done"]);
+    assert_eq!(states, [drums_api::CommandState::Done; 2]);
 
     d.rm("agent").await.unwrap();
     d.stop_and_check_leaks();
@@ -978,7 +978,7 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
     );
     let journal = drums_catalog::Catalog::open(&d.state.path().join("catalog.db")).unwrap();
     let last = journal.commands(&faulty.id).unwrap().pop().unwrap();
-    assert_eq!(last.state, "diverged", "{last:?}");
+    assert_eq!(last.state, drums_api::CommandState::Diverged, "{last:?}");
 
     for s in ["clean", "faulty"] {
         d.rm(s).await.unwrap();
