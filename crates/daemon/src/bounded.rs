@@ -170,32 +170,16 @@ pub fn bind_to_device(
     addr: Ipv4Addr,
     port: u16,
 ) -> Result<TcpListener, BindError> {
-    let at = format!("{addr}:{port} on {bridge}");
+    let addr = SocketAddr::from((addr, port));
+    let at = format!("{addr} on {bridge}");
     let socket = TcpSocket::new_v4().map_err(|source| BindError::Socket { what, source })?;
-    // A restarted drumsd binds again at once, over connections of the
-    // previous one in TIME_WAIT.
-    socket
-        .set_reuseaddr(true)
-        .map_err(|source| BindError::ReuseAddr {
-            at: at.clone(),
-            source,
-        })?;
     socket
         .bind_device(Some(bridge.as_bytes()))
         .map_err(|source| BindError::BindDevice {
             at: at.clone(),
             source,
         })?;
-    socket
-        .bind(SocketAddr::from((addr, port)))
-        .map_err(|source| BindError::Bind {
-            what,
-            at: at.clone(),
-            source,
-        })?;
-    socket
-        .listen(128)
-        .map_err(|source| BindError::Listen { at, source })
+    listen(what, socket, addr, at, 128)
 }
 
 /// The listener of `what` on `addr`, on this host (the LLM proxy's, for agents
@@ -207,7 +191,20 @@ pub fn bind_local(what: &'static str, addr: SocketAddr) -> Result<TcpListener, B
         TcpSocket::new_v6()
     }
     .map_err(|source| BindError::Socket { what, source })?;
-    let at = addr.to_string();
+    listen(what, socket, addr, addr.to_string(), 1024)
+}
+
+/// The steps both listeners share: reuse the address, bind, listen. `at`
+/// names the address in errors.
+fn listen(
+    what: &'static str,
+    socket: TcpSocket,
+    addr: SocketAddr,
+    at: String,
+    backlog: u32,
+) -> Result<TcpListener, BindError> {
+    // A restarted drumsd binds again at once, over connections of the
+    // previous one in TIME_WAIT.
     socket
         .set_reuseaddr(true)
         .map_err(|source| BindError::ReuseAddr {
@@ -220,6 +217,6 @@ pub fn bind_local(what: &'static str, addr: SocketAddr) -> Result<TcpListener, B
         source,
     })?;
     socket
-        .listen(1024)
+        .listen(backlog)
         .map_err(|source| BindError::Listen { at, source })
 }
