@@ -103,11 +103,14 @@ pub enum CriuError {
     },
 
     /// A notification callback returned an error, so CRIU was told to abort.
-    #[error("criu {op} aborted: {script} notification failed: {reason}; log {log}: {tail}", log = .log.display())]
+    /// The callback's error is the source; CRIU's log tail says how it
+    /// unwound.
+    #[error("criu {op} aborted ({script} notification failed; log {log}: {tail})", log = .log.display())]
     Notify {
         op: Op,
         script: String,
-        reason: String,
+        #[source]
+        reason: crate::swrk::NotifyError,
         log: PathBuf,
         tail: String,
     },

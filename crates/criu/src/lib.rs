@@ -39,7 +39,7 @@ pub fn kept_connections(images: &std::path::Path) -> bool {
             .any(|e| e.file_name().as_encoded_bytes().starts_with(b"tcp-stream-"))
     })
 }
-pub use swrk::NotifyFn;
+pub use swrk::{NotifyError, NotifyFn};
 
 /// Names of the notifications CRIU sends, in the order they arrive.
 pub mod script {
@@ -461,7 +461,7 @@ fn check_type(op: Op, resp: &Criu_resp, want: Criu_req_type) -> Result<(), CriuE
     })
 }
 
-fn notify_error(op: Op, script: String, reason: String, log: &Path) -> CriuError {
+fn notify_error(op: Op, script: String, reason: NotifyError, log: &Path) -> CriuError {
     CriuError::Notify {
         op,
         script,

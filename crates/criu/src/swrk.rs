@@ -28,11 +28,13 @@ use crate::request::notify_ack;
 /// The notification callback: script name and the pid CRIU attached (the
 /// restored root's host pid for setup-namespaces and post-restore, 0 otherwise).
 ///
-/// Its failure is text, not an error type: CRIU hears only the ack's bool,
-/// and the reason goes into `CriuError::Notify` beside CRIU's own log tail.
-/// The callbacks are written in crates/session; a typed (boxed) error that
-/// keeps its source would change them too.
-pub type NotifyFn<'a> = dyn FnMut(&str, i32) -> Result<(), String> + 'a;
+/// CRIU hears only the ack's bool; the callback's error is kept whole as the
+/// source of `CriuError::Notify`, so a caller can still find what failed
+/// (a full store's ENOSPC, say) in the chain.
+pub type NotifyFn<'a> = dyn FnMut(&str, i32) -> Result<(), NotifyError> + 'a;
+
+/// A notification callback's failure.
+pub type NotifyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How often, while swrk works, `abandon` is asked whether to go on.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -49,7 +51,7 @@ pub(crate) struct Exchange {
     /// The final (non-NOTIFY) response; `None` if swrk closed the socket first.
     pub resp: Option<Criu_resp>,
     /// The first notification whose callback failed: (script, reason).
-    pub notify_failure: Option<(String, String)>,
+    pub notify_failure: Option<(String, NotifyError)>,
     /// The last non-zero pid a notification carried (the restored root).
     pub notified_pid: Option<i32>,
     /// Each notification and when its acknowledgement was sent.

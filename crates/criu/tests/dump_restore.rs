@@ -175,8 +175,15 @@ fn dump_once_restore_twice() {
         .expect_err("restore succeeded although setup-namespaces failed");
     assert!(
         err.to_string()
-            .contains("setup-namespaces notification failed: host veth setup failed"),
+            .contains("setup-namespaces notification failed"),
         "{err}"
+    );
+    assert_eq!(
+        std::error::Error::source(&err)
+            .map(|s| s.to_string())
+            .as_deref(),
+        Some("host veth setup failed"),
+        "the callback's error is the source"
     );
     assert!(root > 0, "setup-namespaces carried no pid");
     assert!(

@@ -43,7 +43,7 @@ fn failing_post_dump_callback_aborts_dump_and_tree_keeps_running() {
                         Some('t'),
                         "tree not stopped during post-dump"
                     );
-                    Err("files snapshot failed: no space left".to_string())
+                    Err("files snapshot failed: no space left".into())
                 } else {
                     Ok(())
                 }
@@ -60,14 +60,17 @@ fn failing_post_dump_callback_aborts_dump_and_tree_keeps_running() {
             ..
         } => {
             assert_eq!(s, script::POST_DUMP);
-            assert_eq!(reason, "files snapshot failed: no space left");
+            assert_eq!(reason.to_string(), "files snapshot failed: no space left");
             assert_eq!(log, &images.join("dump.log"));
         }
         other => panic!("wanted CriuError::Notify, got {other:?}"),
     }
-    assert!(
-        msg.contains("post-dump notification failed: files snapshot failed"),
-        "{msg}"
+    assert!(msg.contains("post-dump notification failed"), "{msg}");
+    let source = std::error::Error::source(&err).map(|s| s.to_string());
+    assert_eq!(
+        source.as_deref(),
+        Some("files snapshot failed: no space left"),
+        "the callback's error is the source"
     );
     // Nothing after the failed post-dump asked the callback again.
     assert_eq!(

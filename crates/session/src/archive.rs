@@ -119,7 +119,7 @@ impl Manager {
             if let Err(e) = result {
                 let _ = child.kill();
                 let _ = child.wait();
-                warn!("export: {e}");
+                warn!("export: {}", crate::error_chain(&e));
                 // What was read is sent, then the error: the body ends with
                 // an error, never a clean end.
                 if !buf.is_empty() {
@@ -143,7 +143,7 @@ impl Manager {
     ) -> Result<Checkpoint, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
-        E: std::fmt::Display,
+        E: Into<crate::BoxError>,
     {
         // The staging directory is on the store, so fs/ can go straight into
         // a subvolume; it is root-only, so nothing changes the spooled archive
@@ -302,20 +302,12 @@ impl Manager {
     fn check_usable_here(&self, m: &Manifest) -> Result<(), SessionError> {
         m.host
             .check_restorable_on(&self.host.fingerprint)
-            .map_err(|e| {
-                SessionError::Invalid(format!(
-                    "the archive cannot be restored on this host: {}",
-                    crate::error_chain(&e)
-                ))
-            })?;
+            .map_err(|e| SessionError::refused("the archive cannot be restored on this host", e))?;
         self.host
             .limits
             .from_manifest(&m.session.limits)
             .map_err(|e| {
-                SessionError::Invalid(format!(
-                    "the archive's manifest has limits this host refuses: {}",
-                    crate::error_chain(&e)
-                ))
+                SessionError::refused("the archive's manifest has limits this host refuses", e)
             })?;
         match self.resolve_image(&m.session.image) {
             Ok(_) => Ok(()),
@@ -336,7 +328,7 @@ impl Manager {
     ) -> Result<u64, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
-        E: std::fmt::Display,
+        E: Into<crate::BoxError>,
     {
         use futures::StreamExt;
         let mut f = tokio::fs::File::from_std(
@@ -350,8 +342,7 @@ impl Manager {
         let room = crate::host::import_room(&self.host.cfg, &self.host.store_root)?;
         let mut spooled = 0u64;
         while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|e| SessionError::Invalid(format!("read the archive: {e}")))?;
+            let chunk = chunk.map_err(|e| SessionError::refused("read the archive", e))?;
             spooled += chunk.len() as u64;
             if spooled > room {
                 return Err(SessionError::ArchiveTooLarge { room });
@@ -363,6 +354,24 @@ impl Manager {
     }
 }
 
+/// Why an export's stream ended early; the client's body ends with it.
+#[derive(Debug, thiserror::Error)]
+enum ExportError {
+    #[error("pass tar's members")]
+    Members(#[source] ArchiveError),
+    #[error("wait for tar")]
+    Wait(#[source] std::io::Error),
+    #[error("tar failed ({status}): {stderr}")]
+    Tar {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("send the signature")]
+    Signature(#[source] std::io::Error),
+    #[error("the client went away")]
+    ClientGone,
+}
+
 /// Pass tar's members on, then (tar having exited 0) the signature.
 fn stream_export(
     child: &mut std::process::Child,
@@ -370,7 +379,7 @@ fn stream_export(
     fault: Option<String>,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     buf: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), ExportError> {
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     // Read concurrently: a tar with much to say must not block on its stderr.
@@ -383,7 +392,7 @@ fn stream_export(
         buf.extend_from_slice(b);
         if buf.len() >= CHUNK {
             tx.blocking_send(Ok(Bytes::from(std::mem::take(buf))))
-                .map_err(|_| std::io::Error::other("the client went away"))?;
+                .map_err(|_| std::io::Error::other(ExportError::ClientGone))?;
         }
         Ok(())
     };
@@ -391,20 +400,23 @@ fn stream_export(
         Some(f) if i == 1 => Err(ArchiveError::Injected(f.clone())),
         _ => Ok(()),
     })
-    .map_err(|e| crate::error_chain(&e));
+    .map_err(ExportError::Members);
     if digest.is_err() {
         let _ = child.kill();
     }
-    let status = child.wait().map_err(|e| format!("wait for tar: {e}"))?;
+    let status = child.wait().map_err(ExportError::Wait)?;
     let errs = errs.join().unwrap_or_default();
     let digest = digest?;
     if !status.success() {
-        return Err(format!("tar failed ({status}): {}", errs.trim()));
+        return Err(ExportError::Tar {
+            status,
+            stderr: errs.trim().to_owned(),
+        });
     }
-    send(&archive::signature_member(key, &digest)).map_err(|e| e.to_string())?;
+    send(&archive::signature_member(key, &digest)).map_err(ExportError::Signature)?;
     if !buf.is_empty() {
         tx.blocking_send(Ok(Bytes::from(std::mem::take(buf))))
-            .map_err(|_| "the client went away".to_owned())?;
+            .map_err(|_| ExportError::ClientGone)?;
     }
     Ok(())
 }
@@ -437,9 +449,8 @@ fn check_manifest(m: &Manifest) -> Result<(), SessionError> {
             m.session.network
         )));
     }
-    serde_json::from_value::<drums_api::Limits>(m.session.limits.clone()).map_err(|e| {
-        SessionError::Invalid(format!("the archive's manifest has invalid limits: {e}"))
-    })?;
+    serde_json::from_value::<drums_api::Limits>(m.session.limits.clone())
+        .map_err(|e| SessionError::refused("the archive's manifest has invalid limits", e))?;
     for i in &m.images {
         archive::check_image_name(&i.name)
             .map_err(|why| SessionError::Invalid(format!("the archive's manifest: {why}")))?;

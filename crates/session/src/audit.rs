@@ -402,17 +402,28 @@ struct HygieneStatus {
     last: Option<ReseedReport>,
 }
 
+/// Why a session's reseed report is unknown; the audit shows the chain.
+#[derive(Debug, thiserror::Error)]
+enum Unreported {
+    #[error("its agent did not answer")]
+    NoAnswer(#[source] drums_api::ClientError),
+    #[error("restored, but its agent has no reseed report")]
+    NoReport,
+}
+
+type Reseed = Result<Option<ReseedReport>, Unreported>;
+
 /// The session's last reseed: `Ok(None)` if it was never restored, `Err`
 /// with why if its agent does not say.
-async fn reseed_report(pid: i32) -> Result<Option<ReseedReport>, String> {
+async fn reseed_report(pid: i32) -> Reseed {
     let status: HygieneStatus = guest_client(pid)
         .json(hyper::Method::GET, "/v1/hygiene", None::<&()>)
         .await
-        .map_err(|e| format!("its agent did not answer: {}", crate::error_chain(&e)))?;
+        .map_err(Unreported::NoAnswer)?;
     match (status.generation, status.last) {
         (0, _) => Ok(None),
         (_, Some(r)) => Ok(Some(r)),
-        (_, None) => Err("restored, but its agent has no reseed report".into()),
+        (_, None) => Err(Unreported::NoReport),
     }
 }
 
@@ -422,13 +433,10 @@ async fn reseed_report(pid: i32) -> Result<Option<ReseedReport>, String> {
 /// that is gone. A process signalled without an ack, or one the agent could
 /// not tie to its registration (so did not signal), may still draw as its
 /// sibling does.
-fn reseed_checks(
-    a: &Result<Option<ReseedReport>, String>,
-    b: &Result<Option<ReseedReport>, String>,
-) -> Vec<AuditCheck> {
-    let outcome = |r: &Result<Option<ReseedReport>, String>, pid: u32| -> (String, bool) {
+fn reseed_checks(a: &Reseed, b: &Reseed) -> Vec<AuditCheck> {
+    let outcome = |r: &Reseed, pid: u32| -> (String, bool) {
         match r {
-            Err(why) => (why.clone(), false),
+            Err(why) => (crate::error_chain(why), false),
             Ok(None) => ("never restored".into(), true),
             Ok(Some(r)) if r.acked.contains(&pid) => ("acked".into(), true),
             Ok(Some(r)) if r.signalled.contains(&pid) => ("signalled, no ack".into(), false),
@@ -439,7 +447,7 @@ fn reseed_checks(
             Ok(Some(_)) => ("not registered".into(), true),
         }
     };
-    let pids = |r: &Result<Option<ReseedReport>, String>| -> BTreeSet<u32> {
+    let pids = |r: &Reseed| -> BTreeSet<u32> {
         match r {
             Ok(Some(r)) => r
                 .signalled
@@ -469,6 +477,7 @@ fn reseed_checks(
     // A session whose agent does not answer says nothing per process.
     for (r, which) in [(a, "A"), (b, "B")] {
         if let Err(why) = r {
+            let why = crate::error_chain(why);
             out.push(AuditCheck {
                 what: format!("reseed report of {which}"),
                 a: if which == "A" {
@@ -524,9 +533,10 @@ mod tests {
         assert_eq!(checks.len(), 3);
         // Two cold sessions: nothing to say. An agent that does not say: a failed check.
         assert!(reseed_checks(&Ok(None), &Ok(None)).is_empty());
-        let unknown = reseed_checks(&Err("no answer".into()), &Ok(None));
+        let unknown = reseed_checks(&Err(Unreported::NoReport), &Ok(None));
         assert_eq!(unknown.len(), 1);
         assert!(!unknown[0].ok);
+        assert_eq!(unknown[0].a, "restored, but its agent has no reseed report");
     }
 
     #[test]

@@ -469,12 +469,7 @@ impl Manager {
         let upper = self.host.store_root.join("sessions").join(&rec.id);
         self.host.faults.hold("checkpoint.criu").await;
         self.host.faults.check("checkpoint.criu")?;
-        let snapshot_fault = self
-            .host
-            .faults
-            .check("checkpoint.snapshot")
-            .err()
-            .map(|e| e.to_string());
+        let snapshot_fault = self.host.faults.check("checkpoint.snapshot").is_err();
         let opts = drums_criu::DumpOpts {
             pid,
             images_dir: images.to_owned(),
@@ -517,11 +512,7 @@ impl Manager {
             // only when every connection is within the session is it kept;
             // otherwise every one is restored closed (`tcp_close`).
             opts.tcp_established = connections_within(pid);
-            let (upper, target, snapshot_fault) = (
-                upper.clone(),
-                snap.map(|s| s.to_owned()),
-                snapshot_fault.clone(),
-            );
+            let (upper, target) = (upper.clone(), snap.map(|s| s.to_owned()));
             let (inspector, name, tree) = (self.inspector(), rec.name.clone(), cg.clone());
             let result = tokio::task::spawn_blocking(move || {
                 let mut held = Vec::new();
@@ -531,15 +522,16 @@ impl Manager {
                     if script == drums_criu::script::POST_DUMP {
                         held = crate::versions::held_paths(&tree.pids().unwrap_or_default());
                         if let Some(target) = &target {
-                            if let Some(f) = &snapshot_fault {
-                                return Err(f.clone());
+                            if snapshot_fault {
+                                return Err(
+                                    SessionError::Injected("checkpoint.snapshot".into()).into()
+                                );
                             }
                             // In the sessions' qgroup, so siblings snapshotted
                             // from it join a group their source is already in and
                             // the kernel never has to rescan.
                             let inherit = drums_store::QgroupInherit::session(None);
-                            drums_store::snapshot_with(&upper, target, true, &inherit)
-                                .map_err(|e| crate::error_chain(&e))?;
+                            drums_store::snapshot_with(&upper, target, true, &inherit)?;
                         }
                         // What the tree did is now in the version: the
                         // inspector starts over from here.

@@ -135,11 +135,10 @@ async fn start_default_process(
         .json(hyper::Method::POST, "/v1/exec", Some(&req))
         .await
         .map_err(|e| {
-            SessionError::Invalid(format!(
-                "start the image's default process {:?}: {}",
-                req.argv,
-                crate::error_chain(&e)
-            ))
+            SessionError::refused(
+                format!("start the image's default process {:?}", req.argv),
+                e,
+            )
         })?;
     Ok(())
 }

@@ -216,6 +216,21 @@ impl Host {
         self.store_root.join("checkpoints").join(id)
     }
 
+    /// The limits a restore of checkpoint `id` runs with: its manifest's,
+    /// as this host's limit policy reads them today.
+    pub(crate) fn manifest_limits(
+        &self,
+        id: &str,
+        m: &drums_checkpoint::Manifest,
+    ) -> Result<Limits, SessionError> {
+        self.limits
+            .from_manifest(&m.session.limits)
+            .map_err(|source| SessionError::ManifestLimits {
+                checkpoint: id.to_owned(),
+                source,
+            })
+    }
+
     pub(crate) fn record(&self, id_or_name: &str) -> Result<SessionRecord, SessionError> {
         self.catalog
             .session(id_or_name)?
@@ -225,8 +240,8 @@ impl Host {
     /// A session that must be running, with its init's pid.
     pub(crate) fn running(&self, id_or_name: &str) -> Result<(SessionRecord, i32), SessionError> {
         let rec = self.record(id_or_name)?;
-        match (rec.state.as_str(), rec.init_pid) {
-            ("running", Some(pid)) => Ok((rec, pid)),
+        match (rec.state, rec.init_pid) {
+            (SessionState::Running, Some(pid)) => Ok((rec, pid)),
             _ => Err(SessionError::NotRunning {
                 name: rec.name,
                 state: rec.state,

@@ -77,11 +77,10 @@ impl Manager {
         }
         let row = self.oci_image(what)?;
         let config = ImageConfig::parse(row.config.as_bytes()).map_err(|e| {
-            SessionError::Invalid(format!(
-                "image {}: its stored config does not parse: {}",
-                row.id,
-                crate::error_chain(&e)
-            ))
+            SessionError::refused(
+                format!("image {}: its stored config does not parse", row.id),
+                e,
+            )
         })?;
         Ok(ResolvedImage {
             rootfs: self.host.oci.rootfs(&row)?,
@@ -267,7 +266,7 @@ impl Manager {
     ) -> Result<ImageRow, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
-        E: std::fmt::Display,
+        E: Into<crate::BoxError>,
     {
         let given = name.map(Self::image_name).transpose()?;
         let staging = self.host.oci.staging_dir()?;

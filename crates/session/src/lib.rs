@@ -34,6 +34,7 @@ pub mod teardown;
 pub mod versions;
 mod watches;
 
+pub use boot::InitFailure;
 pub use manager::{Manager, ManagerConfig};
 
 use std::path::PathBuf;
@@ -58,8 +59,17 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
+    /// A request refused (400) with a message written where it was decided.
     #[error("{0}")]
     Invalid(String),
+    /// A request refused (400) for a reason that is an error of its own,
+    /// kept as the source: `what` says what was refused.
+    #[error("{what}")]
+    Refused {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
     #[error("no session named {0:?}")]
     NotFound(String),
     #[error("no checkpoint named {0:?}")]
@@ -124,9 +134,9 @@ pub enum SessionError {
     /// The desktop's start, hygiene or readiness, as the guest answered.
     #[error("desktop")]
     Desktop(#[source] BoxError),
-    /// What drums-init reported, or a report it should not have sent.
-    #[error("session init: {0}")]
-    Init(String),
+    /// drums-init failed, said so, or said something else.
+    #[error("session init")]
+    Init(#[source] boot::InitFailure),
     /// The pipe to drums-init failed.
     #[error("session init: {op} drums-init")]
     InitPipe {
@@ -170,7 +180,10 @@ pub enum SessionError {
         source: limits::ManifestLimitsError,
     },
     #[error("remove session {id}: {failures}")]
-    Teardown { id: String, failures: String },
+    Teardown {
+        id: String,
+        failures: teardown::Failures,
+    },
     /// The request conflicts with the state of what it names.
     #[error("{0}")]
     Conflict(String),
@@ -188,6 +201,10 @@ pub enum SessionError {
     /// A version's job failed; every waiter of it gets the same error.
     #[error(transparent)]
     Version(std::sync::Arc<SessionError>),
+    /// A version's job never finished: it panicked, or was cancelled before
+    /// it started (its session went, or drumsd is shutting down).
+    #[error("version job")]
+    VersionJob(#[source] drums_engine::Failure<std::sync::Arc<SessionError>>),
     #[error("checkpoint engine")]
     Engine(#[from] drums_engine::EngineError),
     /// Something a session holds that a checkpoint cannot take, found
@@ -203,9 +220,18 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// [`SessionError::Refused`]: `what` was refused because of `source`.
+    pub fn refused(what: impl Into<String>, source: impl Into<BoxError>) -> SessionError {
+        SessionError::Refused {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             SessionError::Invalid(_)
+            | SessionError::Refused { .. }
             | SessionError::Limits(_)
             | SessionError::Image(drums_image::ImageError::InvalidName(_)) => ErrorKind::BadRequest,
             // The checkpoint exists but cannot be restored as it is, like one
@@ -271,6 +297,15 @@ impl SessionError {
                 ErrorKind::BadRequest
             }
             SessionError::Version(e) => e.kind(),
+            SessionError::VersionJob(drums_engine::Failure::Job { error, .. }) => error.kind(),
+            // Its session was removed while the job waited: the state
+            // refuses it, as for any request on a session being removed.
+            SessionError::VersionJob(drums_engine::Failure::Cancelled {
+                reason: drums_engine::CancelReason::Session,
+            }) => ErrorKind::Conflict,
+            SessionError::VersionJob(drums_engine::Failure::Cancelled {
+                reason: drums_engine::CancelReason::Shutdown,
+            }) => ErrorKind::Unavailable,
             SessionError::Engine(e) => match e {
                 drums_engine::EngineError::Busy { .. } | drums_engine::EngineError::ShutDown => {
                     ErrorKind::Unavailable

@@ -385,7 +385,7 @@ async fn refill(m: Arc<Manager>, live: Arc<Live>) {
             }
             Ok(short) => match room(&m, short) {
                 Err(why) => {
-                    live.set_waiting_on(Some(why));
+                    live.set_waiting_on(Some(error_chain(&why)));
                     Some(IDLE_CHECK)
                 }
                 Ok(batch) => match m.restore_into_pool(&r.checkpoint_id, batch, &r.id).await {
@@ -438,21 +438,26 @@ fn short_by(m: &Arc<Manager>, live: &Live) -> Result<usize, SessionError> {
     Ok((live.record.size as usize).saturating_sub(held))
 }
 
+/// Why a pool restores no member now; its status shows the chain.
+#[derive(Debug, thiserror::Error)]
+enum NoRoom {
+    #[error("count sessions")]
+    Count(#[source] drums_catalog::CatalogError),
+    #[error(
+        "the host is out of room: drumsd holds {held} sessions, its limit (--max-sessions {max})"
+    )]
+    Full { held: u64, max: u64 },
+}
+
 /// How many of `short` members to restore now: at most [`BATCH`], and no more
 /// than `--max-sessions` leaves room for; `Err` says why none.
-fn room(m: &Manager, short: usize) -> Result<usize, String> {
+fn room(m: &Manager, short: usize) -> Result<usize, NoRoom> {
     let mut batch = short.min(BATCH);
     if let Some(max) = m.config().max_sessions {
-        let held = m
-            .host
-            .catalog
-            .session_count()
-            .map_err(|e| format!("count sessions: {}", error_chain(&e)))?;
+        let held = m.host.catalog.session_count().map_err(NoRoom::Count)?;
         let free = max.saturating_sub(held) as usize;
         if free == 0 {
-            return Err(format!(
-                "the host is out of room: drumsd holds {held} sessions, its limit (--max-sessions {max})"
-            ));
+            return Err(NoRoom::Full { held, max });
         }
         batch = batch.min(free);
     }

@@ -53,14 +53,29 @@ pub fn ledger_key(pid: i32) -> Option<String> {
     start_time(pid).map(|t| format!("{pid}:{t}"))
 }
 
+/// Why [`kill_and_reap`] could not make a process go.
+#[derive(Debug, thiserror::Error)]
+pub enum ReapError {
+    #[error("malformed process key {0:?}")]
+    MalformedKey(String),
+    #[error("waitpid {pid}")]
+    Wait {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("process {pid} did not exit within {timeout:?} of SIGKILL")]
+    Timeout { pid: i32, timeout: Duration },
+}
+
 /// Kill the process a ledger key names (only if it is still that process) and
 /// wait until it is gone. drumsd is a child subreaper, so a session's PID 1 is
 /// usually its child and must be reaped here, or it would stay a zombie.
-pub fn kill_and_reap(key: &str, timeout: Duration) -> Result<(), String> {
+pub fn kill_and_reap(key: &str, timeout: Duration) -> Result<(), ReapError> {
     let (pid, start) = key
         .split_once(':')
         .and_then(|(p, s)| Some((p.parse::<i32>().ok()?, s.parse::<u64>().ok()?)))
-        .ok_or_else(|| format!("malformed process key {key:?}"))?;
+        .ok_or_else(|| ReapError::MalformedKey(key.to_owned()))?;
     if start_time(pid) != Some(start) {
         return Ok(()); // gone, or the pid now names another process
     }
@@ -76,12 +91,10 @@ pub fn kill_and_reap(key: &str, timeout: Duration) -> Result<(), String> {
                     return Ok(());
                 }
             }
-            Err(e) => return Err(format!("waitpid {pid}: {e}")),
+            Err(source) => return Err(ReapError::Wait { pid, source }),
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "process {pid} did not exit within {timeout:?} of SIGKILL"
-            ));
+            return Err(ReapError::Timeout { pid, timeout });
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -88,14 +88,7 @@ impl Manager {
             .await?;
         // Before anything is made: the siblings' limits, the checkpoint's own
         // with today's defaults where it names none.
-        let limits = self
-            .host
-            .limits
-            .from_manifest(&m.session.limits)
-            .map_err(|source| SessionError::ManifestLimits {
-                checkpoint: ck.id.clone(),
-                source,
-            })?;
+        let limits = self.host.manifest_limits(&ck.id, &m)?;
         // Looked up once for all siblings: their overlay's lower layer.
         let lower = self.resolve_image(&m.session.image)?.rootfs;
 
@@ -147,7 +140,7 @@ impl Manager {
             .session
             .profile
             .parse::<drums_api::Profile>()
-            .map_err(|e| SessionError::Invalid(format!("the checkpoint's manifest: {e}")))?;
+            .map_err(|e| SessionError::refused("the checkpoint's manifest", e))?;
         if egress == Egress::Nat && network != Network::Bridge {
             return Err(SessionError::Invalid(
                 "checkpoint has egress nat without network bridge".into(),

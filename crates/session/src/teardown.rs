@@ -2,6 +2,7 @@
 //! daemon shutdown and by the sweep at start: one path for all four, so a crash
 //! at any point is cleaned up by the same code that cleans up a normal removal.
 
+use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,6 +11,60 @@ use drums_sys::{MntFlags, Syscall};
 
 use crate::host::Host;
 use crate::{error_chain, process, SessionError};
+
+/// Why one resource could not be removed, with the failing call's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("kill and reap")]
+    Process(#[source] process::ReapError),
+    #[error("delete link")]
+    Link(#[source] drums_net::NetError),
+    #[error("remove its firewall port")]
+    Port(#[source] drums_net::firewall::FirewallError),
+    #[error("remove cgroup")]
+    Cgroup(#[source] drums_cgroup::CgroupError),
+    #[error("delete subvolume")]
+    Subvolume(#[source] drums_store::StoreError),
+    #[error("remove")]
+    Dir(#[source] std::io::Error),
+    #[error("umount")]
+    Umount(#[source] nix::Error),
+    /// The plain unmount found it busy, and the lazy one failed too.
+    #[error("umount -l")]
+    Detach(#[source] nix::Error),
+    #[error("remove nftables table")]
+    NftTable(#[source] drums_net::firewall::FirewallError),
+    #[error("teardown task")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// One resource that is still there after a removal: the ledger keeps it,
+/// and the next removal or the sweep at start tries it again.
+#[derive(Debug, thiserror::Error)]
+#[error("{} {key}", kind.as_str())]
+pub struct ResourceFailure {
+    pub kind: ResourceKind,
+    pub key: String,
+    #[source]
+    pub source: RemoveError,
+}
+
+/// A removal's failures, each with its chain, for
+/// [`SessionError::Teardown`]'s message: `link v1: delete link: …; dir …`.
+#[derive(Debug)]
+pub struct Failures(pub Vec<ResourceFailure>);
+
+impl fmt::Display for Failures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            f.write_str(&error_chain(failure))?;
+        }
+        Ok(())
+    }
+}
 
 /// Remove every resource of `owner`, newest first, forgetting each one only once
 /// it is gone. Every resource is attempted even if an earlier one failed.
@@ -31,7 +86,11 @@ async fn remove_owned_but(host: &Host, owner: &str, keep_port: bool) -> Result<(
     for r in host.catalog.owned_by(owner)? {
         match remove_resource(host, &r, keep_port).await {
             Ok(()) => host.catalog.release(r.seq)?,
-            Err(e) => failures.push(format!("{} {}: {e}", r.kind.as_str(), r.key)),
+            Err(source) => failures.push(ResourceFailure {
+                kind: r.kind,
+                key: r.key,
+                source,
+            }),
         }
     }
     if failures.is_empty() {
@@ -39,32 +98,35 @@ async fn remove_owned_but(host: &Host, owner: &str, keep_port: bool) -> Result<(
     } else {
         Err(SessionError::Teardown {
             id: owner.to_owned(),
-            failures: failures.join("; "),
+            failures: Failures(failures),
         })
     }
 }
 
-async fn blocking<F>(f: F) -> Result<(), String>
+async fn blocking<F>(f: F) -> Result<(), RemoveError>
 where
-    F: FnOnce() -> Result<(), String> + Send + 'static,
+    F: FnOnce() -> Result<(), RemoveError> + Send + 'static,
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| format!("teardown task: {e}"))?
+        .map_err(RemoveError::Task)?
 }
 
 /// Remove one resource; a resource that is already gone counts as removed.
-async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(), String> {
+async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(), RemoveError> {
     let key = r.key.clone();
     match r.kind {
         ResourceKind::Process => {
-            blocking(move || process::kill_and_reap(&key, Duration::from_secs(10))).await
+            blocking(move || {
+                process::kill_and_reap(&key, Duration::from_secs(10)).map_err(RemoveError::Process)
+            })
+            .await
         }
         ResourceKind::Link => {
             host.net
                 .delete_link(&key)
                 .await
-                .map_err(|e| error_chain(&e))?;
+                .map_err(RemoveError::Link)?;
             if keep_port {
                 return Ok(());
             }
@@ -72,7 +134,7 @@ async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(
             // it (a no-op for the bridge itself, which is no port).
             let bridge = host.cfg.bridge.clone();
             blocking(move || {
-                drums_net::firewall::remove_port(&bridge, &key).map_err(|e| error_chain(&e))
+                drums_net::firewall::remove_port(&bridge, &key).map_err(RemoveError::Port)
             })
             .await
         }
@@ -82,7 +144,7 @@ async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(
                     Some((parent, name)) => drums_cgroup::Cgroup::open(parent, name).remove(),
                     None => drums_cgroup::remove_parent(&key),
                 }
-                .map_err(|e| error_chain(&e))
+                .map_err(RemoveError::Cgroup)
             })
             .await
         }
@@ -90,12 +152,12 @@ async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(
             blocking(move || {
                 drums_store::delete_subvolume(Path::new(&key))
                     .map(|_| ())
-                    .map_err(|e| error_chain(&e))
+                    .map_err(RemoveError::Subvolume)
             })
             .await
         }
         ResourceKind::Dir => match std::fs::remove_dir_all(&key) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("remove: {e}")),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RemoveError::Dir(e)),
             _ => Ok(()),
         },
         ResourceKind::Mount => {
@@ -106,22 +168,22 @@ async fn remove_resource(host: &Host, r: &Resource, keep_port: bool) -> Result<(
             blocking(move || {
                 drums_net::firewall::remove(&key)
                     .map(|_| ())
-                    .map_err(|e| error_chain(&e))
+                    .map_err(RemoveError::NftTable)
             })
             .await
         }
     }
 }
 
-fn unmount(sys: &dyn Syscall, path: &Path) -> Result<(), String> {
+fn unmount(sys: &dyn Syscall, path: &Path) -> Result<(), RemoveError> {
     match sys.umount2(path, MntFlags::empty()).map_err(|e| e.source) {
         // EINVAL: not a mount point (already unmounted); ENOENT: gone.
         Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
         // Something still holds it: detach, so it goes when the last user does.
         Err(nix::Error::EBUSY) => sys
             .umount2(path, MntFlags::MNT_DETACH)
-            .map_err(|e| format!("umount -l: {}", e.source)),
-        Err(e) => Err(format!("umount: {e}")),
+            .map_err(|e| RemoveError::Detach(e.source)),
+        Err(e) => Err(RemoveError::Umount(e)),
     }
 }
 
@@ -166,19 +228,18 @@ mod tests {
     fn failures_name_the_unmount_and_keep_the_errno() {
         let sys = RecordingSyscall::new();
         sys.fail("umount", nix::Error::EPERM);
-        assert_eq!(
-            unmount(&sys, Path::new("/s/root")).unwrap_err(),
-            "umount: EPERM: Operation not permitted"
-        );
+        assert!(matches!(
+            unmount(&sys, Path::new("/s/root")),
+            Err(RemoveError::Umount(nix::Error::EPERM))
+        ));
         assert_eq!(sys.attempts("umount"), 1, "no detach after EPERM");
 
         let sys = RecordingSyscall::new();
         sys.fail_nth("umount", 1, nix::Error::EBUSY);
         sys.fail_nth("umount", 2, nix::Error::EPERM);
-        assert_eq!(
-            unmount(&sys, Path::new("/s/root")).unwrap_err(),
-            "umount -l: EPERM: Operation not permitted"
-        );
+        let e = unmount(&sys, Path::new("/s/root")).unwrap_err();
+        assert!(matches!(e, RemoveError::Detach(nix::Error::EPERM)), "{e:?}");
+        assert_eq!(error_chain(&e), "umount -l: EPERM: Operation not permitted");
         assert_eq!(sys.attempts("umount"), 2);
     }
 }

@@ -22,7 +22,7 @@ pub(super) async fn restore(
     m: &Manifest,
     made: &Made,
     kept_port: bool,
-    net_fault: Option<String>,
+    mut net_fault: Option<SessionError>,
 ) -> Result<i32, SessionError> {
     let id = &rec.id;
     let record = |kind, key: &str| host.catalog.record(id, kind, key);
@@ -67,8 +67,9 @@ pub(super) async fn restore(
             }
             *noted.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((pid, process::ledger_key(pid)));
-            if let Some(f) = &net_fault {
-                return Err(f.clone());
+            // CRIU asks no callback again after a failed one.
+            if let Some(e) = net_fault.take() {
+                return Err(e.into());
             }
             let r = match &veth {
                 Some(v) => rt.block_on(net.create_session_veth(&drums_net::VethSpec {
@@ -77,8 +78,7 @@ pub(super) async fn restore(
                 })),
                 None => rt.block_on(drums_net::loopback_up(pid)),
             };
-            // CRIU's action-script protocol carries text back, not an error.
-            r.map_err(|e| crate::error_chain(&e))
+            Ok(r?)
         })
     })
     .await

@@ -74,18 +74,18 @@ impl InitPipe {
     }
 
     async fn next(&mut self) -> Result<Report, SessionError> {
-        let line = tokio::time::timeout(Duration::from_secs(15), self.lines.next_line())
+        let line = tokio::time::timeout(REPORT_WAIT, self.lines.next_line())
             .await
-            .map_err(|_| SessionError::Init("drums-init did not report within 15 s".into()))?
+            .map_err(|_| SessionError::Init(InitFailure::Silent(REPORT_WAIT)))?
             .map_err(|source| SessionError::InitPipe {
                 op: "read from",
                 source,
             })?
-            .ok_or_else(|| SessionError::Init("drums-init exited without reporting".into()))?;
+            .ok_or(SessionError::Init(InitFailure::Exited))?;
         let r: Report = serde_json::from_str(&line)
             .map_err(|source| SessionError::InitReport { line, source })?;
         match r {
-            Report::Error(m) => Err(SessionError::Init(m)),
+            Report::Error(m) => Err(SessionError::Init(InitFailure::Reported(m))),
             r => Ok(r),
         }
     }
@@ -115,5 +115,23 @@ impl InitPipe {
 }
 
 fn unexpected(r: Report) -> SessionError {
-    SessionError::Init(format!("unexpected report {r:?}"))
+    SessionError::Init(InitFailure::Unexpected(format!("{r:?}")))
+}
+
+/// How long drums-init may take over one report.
+const REPORT_WAIT: Duration = Duration::from_secs(15);
+
+/// How drums-init's pipe failed a boot, apart from the pipe's own I/O.
+#[derive(Debug, thiserror::Error)]
+pub enum InitFailure {
+    #[error("drums-init did not report within {0:?}")]
+    Silent(Duration),
+    #[error("drums-init exited without reporting")]
+    Exited,
+    /// drums-init's own message, from across the process boundary: text is
+    /// all it can send.
+    #[error("{0}")]
+    Reported(String),
+    #[error("unexpected report {0}")]
+    Unexpected(String),
 }

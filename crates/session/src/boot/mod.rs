@@ -11,6 +11,7 @@
 
 mod criu;
 mod init;
+pub use init::InitFailure;
 mod ready;
 
 use drums_api::{Egress, Network, Profile, SessionState};
@@ -195,7 +196,7 @@ pub(crate) async fn boot(
             manifest,
             kept_port,
         } => {
-            let net_fault = check(Step::Network).err().map(|e| e.to_string());
+            let net_fault = check(Step::Network).err();
             criu::restore(host, rec, manifest, &made, *kept_port, net_fault).await?
         }
     };

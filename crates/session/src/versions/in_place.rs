@@ -110,14 +110,7 @@ impl Manager {
         // version's artifacts (see `busy`); read under the lock.
         let held = self.checkpoints.reading(&target.id).await;
         let (_, m) = self.manifest(&target.id)?;
-        let limits = self
-            .host
-            .limits
-            .from_manifest(&m.session.limits)
-            .map_err(|source| SessionError::ManifestLimits {
-                checkpoint: target.id.clone(),
-                source,
-            })?;
+        let limits = self.host.manifest_limits(&target.id, &m)?;
         let lower = self.resolve_image(&m.session.image)?.rootfs;
         // A files-only version (the files policy) has no processes: the
         // session starts cold on its files, as after a reboot.

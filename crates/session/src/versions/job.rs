@@ -138,7 +138,7 @@ pub(crate) fn outcome(o: drums_engine::Outcome<VersionJob>) -> Result<Arc<Manife
     match o {
         Ok(Finished { output, .. }) => Ok(output),
         Err(Failure::Job { error, .. }) => Err(SessionError::Version(error)),
-        Err(e) => Err(SessionError::Invalid(crate::error_chain(&e))),
+        Err(e) => Err(SessionError::VersionJob(e)),
     }
 }
 
