@@ -42,6 +42,22 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# ---- the crates, downloaded while the packages install ----------------------
+# cargo needs no system package to download the workspace's crates, so this
+# runs beside apt and CRIU's build; the build below waits for it. Only the
+# host's target: a plain `cargo fetch` also downloads every other
+# platform's crates (windows-sys and the like), which no build here needs.
+# A failed step ends set-up with these jobs still running: stop them with it.
+trap 'jobs -p | xargs -r kill 2>/dev/null || true' EXIT
+mkdir -p "$cache"
+host_target=$(rustc -vV | sed -n 's/^host: //p')
+(cd "$here" && cargo fetch -q --target "$host_target") >"$cache/cargo-fetch.log" 2>&1 &
+fetch_pid=$!
+wait_fetch() {
+  wait "$fetch_pid" \
+    || { cat "$cache/cargo-fetch.log" >&2; echo "setup: cargo fetch failed (log: $cache/cargo-fetch.log)" >&2; exit 1; }
+}
+
 # ---- Debian packages -------------------------------------------------------
 # What drums builds and runs with (the demo's part):
 # Runtime: btrfs-progs (mkfs of the store), debootstrap (images), nftables (CRIU's
@@ -49,6 +65,8 @@ fi
 # CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
 # eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
 # libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
+# libsqlite3-dev: the catalog's SQLite, Debian's (rusqlite links it; building
+# SQLite's amalgamation into the binaries cost a minute of CPU per build).
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -56,7 +74,7 @@ packages=(
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
   python3-protobuf
   clang llvm libelf-dev zlib1g-dev bpftool
-  libseccomp-dev
+  libseccomp-dev libsqlite3-dev
 )
 # What only the tests and benches need:
 # Desktop tests on the host (the screen and OSWorld crates drive a real X
@@ -73,15 +91,15 @@ packages=(
 # busybox-static: the whole of the libc-less test images in
 # crates/daemon/tests/foreign_libc.rs (a static /bin/busybox).
 # CPython 3.13's build deps (Harbor's interpreter, below), for the modules it
-# needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev and
-# uuid-dev above: zlib, uuid).
+# needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev,
+# uuid-dev and libsqlite3-dev above: zlib, uuid, sqlite3).
 if [ "$level" = all ]; then
   packages+=(
     xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
     fonts-dejavu-core
     docker-registry skopeo umoci podman runc buildah
     busybox-static
-    libssl-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
+    libssl-dev libffi-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
   )
 fi
 missing=()
@@ -155,7 +173,11 @@ log "$(criu --version | head -1)"
 
 # ---- build drums -----------------------------------------------------------
 # The demo runs four binaries; the tests run every one (the benches, the
-# evaluation, drums-vmrun).
+# evaluation, drums-vmrun). One cargo run either way: its scheduler keeps
+# both cores busy, and the default image's build (dpkg's work, not the
+# mirror's: 41 s of its 45 with the packages already downloaded) would only
+# compete with it for them (docs/setup.md).
+wait_fetch
 if [ "$level" = all ]; then
   log "building drums (release, every binary)"
   (cd "$here" && cargo build --release --workspace --bins -q)

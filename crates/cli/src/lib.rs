@@ -8,6 +8,7 @@ pub mod demo;
 pub mod images;
 pub mod inspect;
 pub mod pools;
+pub mod program;
 pub mod sibling;
 pub mod versions;
 

@@ -29,6 +29,8 @@ use tracing::{info, warn};
 /// What ends drumsd before it serves, or its serving.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    #[error("start the async runtime")]
+    Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
@@ -292,4 +294,38 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, DaemonErro
             _ = int.recv() => {},
         }
     })
+}
+
+/// drumsd's program: parse the command line, start tracing, run. Here, not
+/// in main.rs, so that the daemon's code is compiled once, in this crate.
+pub fn main() -> std::process::ExitCode {
+    use clap::Parser;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let failed = match cli.command {
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(DaemonError::Runtime)
+            .and_then(|rt| rt.block_on(run(cli.daemon)))
+            .err()
+            .map(|e| drums_api::error_chain(&e)),
+        Some(Command::Image(config::ImageCommand::Build { name, mirror })) => {
+            server::build_image(&cli.daemon, &name, mirror)
+                .err()
+                .map(|e| drums_api::error_chain(&e))
+        }
+    };
+    match failed {
+        Some(why) => {
+            eprintln!("drumsd: {why}");
+            std::process::ExitCode::FAILURE
+        }
+        None => std::process::ExitCode::SUCCESS,
+    }
 }

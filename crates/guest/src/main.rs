@@ -131,26 +131,11 @@ fn main() -> ExitCode {
         )
         .init();
 
-    // One thread: the agent mostly waits on pipes and sockets, and every
-    // session runs one, so memory matters more than parallelism. The blocking
-    // pool (file I/O) is capped and its idle threads exit quickly.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(4)
-        .thread_keep_alive(std::time::Duration::from_secs(2))
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("failed to start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(drums_guest::serve(
+    match drums_guest::server::serve_blocking(
         options.listeners,
         options.hygiene,
         options.session_api,
-    )) {
+    ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{}", drums_guest::error::lowercase_chain(&e));

@@ -66,6 +66,8 @@ impl std::fmt::Display for Listener {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error("start the async runtime")]
+    Runtime(#[source] io::Error),
     #[error("invalid listen address {0}")]
     InvalidListener(String),
     #[error("failed to create socket directory {}", .path.display())]
@@ -385,6 +387,25 @@ pub fn shutdown_signal() -> Result<impl Future<Output = ()>, ServeError> {
 
 /// Creates the reseed directory, binds `listeners` and serves until
 /// SIGINT/SIGTERM, then removes the unix sockets.
+/// [`serve`] on the agent's runtime: one thread, since the agent mostly
+/// waits on pipes and sockets and every session runs one, so memory matters
+/// more than parallelism; the blocking pool (file I/O) is capped and its idle
+/// threads exit quickly. Here rather than in main.rs so that the agent's
+/// code is compiled once, in this crate, not again in the binary's.
+pub fn serve_blocking(
+    listeners: Vec<Listener>,
+    hygiene: HygieneConfig,
+    session_api: SessionApi,
+) -> Result<(), ServeError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .thread_keep_alive(std::time::Duration::from_secs(2))
+        .build()
+        .map_err(ServeError::Runtime)?
+        .block_on(serve(listeners, hygiene, session_api))
+}
+
 pub async fn serve(
     listeners: Vec<Listener>,
     hygiene: HygieneConfig,
