@@ -63,7 +63,8 @@ wait_fetch() {
 # Runtime: btrfs-progs (mkfs of the store), debootstrap (images), nftables (CRIU's
 # network lock), iproute2 (debugging only; drums itself speaks netlink).
 # CRIU build deps: the list from shared/notes/criu-on-this-kernel.md.
-# eBPF toolchain (used by the inspector): clang llvm libelf-dev zlib1g-dev bpftool.
+# eBPF toolchain (used by the inspector): clang libelf-dev zlib1g-dev bpftool
+# (libbpf-cargo runs clang alone; llvm's own tools are not needed).
 # libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
 # libsqlite3-dev: the catalog's SQLite, Debian's (rusqlite links it; building
 # SQLite's amalgamation into the binaries cost a minute of CPU per build).
@@ -73,7 +74,7 @@ packages=(
   libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
   python3-protobuf
-  clang llvm libelf-dev zlib1g-dev bpftool
+  clang libelf-dev zlib1g-dev bpftool
   libseccomp-dev libsqlite3-dev
 )
 # What only the tests and benches need:
