@@ -213,6 +213,39 @@ pub struct PullRequest {
     pub password: Option<String>,
 }
 
+/// One line of a pull's answer once it streams (`POST /v1/images/pull`,
+/// NDJSON): its steps as they happen, then `done` or `error`, last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum PullEvent {
+    Resolved {
+        reference: String,
+        id: String,
+        layers: usize,
+    },
+    Layer {
+        index: usize,
+        digest: String,
+        /// Bytes so far and in all; both 0 for a layer already stored.
+        done: u64,
+        total: u64,
+        stored: bool,
+    },
+    Applying {
+        index: usize,
+    },
+    /// The pull is stored under `names`.
+    Done {
+        id: String,
+        names: Vec<String>,
+    },
+    /// The pull failed after its answer began (an error before that is the
+    /// answer's status and error body).
+    Error {
+        message: String,
+    },
+}
+
 /// The answer to a pull or import, and `DELETE /v1/images/{image}`'s.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageRef {

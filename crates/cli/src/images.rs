@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 
 use bytes::Bytes;
-use drums_api::{Client, ImageList, ImageRef, PullRequest};
+use drums_api::{Client, ImageList, ImageRef, PullEvent, PullRequest};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper::{Method, Request};
@@ -121,13 +121,15 @@ pub async fn pull(
         buf.extend_from_slice(&data);
         while let Some(n) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=n).collect();
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+            // A line this client does not know (a newer drumsd's event) is
+            // skipped, as progress is.
+            let Ok(ev) = serde_json::from_slice::<PullEvent>(&line) else {
                 continue;
             };
-            match v["event"].as_str() {
-                Some("done") | Some("error") => result = Some(v),
+            match ev {
+                PullEvent::Done { .. } | PullEvent::Error { .. } => result = Some(ev),
                 _ if quiet => {}
-                _ => progress(&v, tty),
+                ev => progress(&ev, tty),
             }
         }
     }
@@ -135,18 +137,15 @@ pub async fn pull(
         eprintln!();
     }
     match result {
-        Some(v) if v["event"] == "done" => {
-            println!("{}", v["id"].as_str().unwrap_or_default());
+        Some(PullEvent::Done { id, .. }) => {
+            println!("{id}");
             Ok(exit::OK)
         }
-        Some(v) => Err(Failure::new(
+        Some(PullEvent::Error { message }) => Err(Failure::new(
             exit::INTERNAL,
-            format!(
-                "pull {reference}: {}",
-                v["message"].as_str().unwrap_or("failed")
-            ),
+            format!("pull {reference}: {message}"),
         )),
-        None => Err(Failure::new(
+        _ => Err(Failure::new(
             exit::INTERNAL,
             format!("pull {reference}: drumsd ended the answer early"),
         )),
@@ -154,34 +153,33 @@ pub async fn pull(
 }
 
 /// One progress line; on a terminal, one line redrawn per layer.
-fn progress(v: &serde_json::Value, tty: bool) {
-    let text = match v["event"].as_str() {
-        Some("resolved") => format!(
-            "{} is {} ({} layers)",
-            v["reference"].as_str().unwrap_or_default(),
-            short_id(v["id"].as_str().unwrap_or_default()),
-            v["layers"]
+fn progress(ev: &PullEvent, tty: bool) {
+    let text = match ev {
+        PullEvent::Resolved {
+            reference,
+            id,
+            layers,
+        } => format!("{reference} is {} ({layers} layers)", short_id(id)),
+        PullEvent::Layer {
+            index,
+            digest,
+            stored: true,
+            ..
+        } => format!("layer {index}: {} already stored", short_id(digest)),
+        PullEvent::Layer {
+            index,
+            digest,
+            done,
+            total,
+            ..
+        } => format!(
+            "layer {index}: {} {:.1}/{:.1} MiB",
+            short_id(digest),
+            *done as f64 / 1048576.0,
+            *total as f64 / 1048576.0
         ),
-        Some("layer") if v["stored"] == true => format!(
-            "layer {}: {} already stored",
-            v["index"],
-            short_id(v["digest"].as_str().unwrap_or_default())
-        ),
-        Some("layer") => {
-            let (done, total) = (
-                v["done"].as_u64().unwrap_or(0),
-                v["total"].as_u64().unwrap_or(0),
-            );
-            format!(
-                "layer {}: {} {:.1}/{:.1} MiB",
-                v["index"],
-                short_id(v["digest"].as_str().unwrap_or_default()),
-                done as f64 / 1048576.0,
-                total as f64 / 1048576.0
-            )
-        }
-        Some("applying") => format!("layer {}: applying", v["index"]),
-        _ => return,
+        PullEvent::Applying { index } => format!("layer {index}: applying"),
+        PullEvent::Done { .. } | PullEvent::Error { .. } => return,
     };
     if tty {
         eprint!("\r\x1b[2K{text}");

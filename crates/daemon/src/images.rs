@@ -10,8 +10,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use drums_api::PullEvent;
 use drums_api::{ExecRequest, Image, ImageList, ImageRef, PullRequest};
-use drums_session::images::PullEvent;
 use drums_session::Manager;
 use http_body_util::BodyExt;
 use tracing::info;
@@ -133,14 +133,16 @@ pub async fn pull(
             let last = match result {
                 Ok(row) => {
                     info!(image = %row.id, names = ?row.names, "image pulled");
-                    serde_json::json!({"event": "done", "id": row.id, "names": row.names})
+                    PullEvent::Done {
+                        id: row.id,
+                        names: row.names,
+                    }
                 }
-                Err(e) => serde_json::json!({
-                    "event": "error",
-                    "message": drums_api::error_chain(&e),
-                }),
+                Err(e) => PullEvent::Error {
+                    message: drums_api::error_chain(&e),
+                },
             };
-            Some((Ok(Bytes::from(format!("{last}\n"))), (None, rx, None)))
+            Some((line(&last), (None, rx, None)))
         },
     );
     Ok((

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use drums_api::PullEvent;
 use drums_catalog::ImageRow;
 use drums_oci::{ImageConfig, OciStore};
 
@@ -27,28 +28,6 @@ pub struct ResolvedImage {
     pub desktop: bool,
     /// An OCI image's config: what exec and `ps` apply.
     pub oci: Option<ImageConfig>,
-}
-
-/// One step of a pull, for the client's progress.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum PullEvent {
-    Resolved {
-        reference: String,
-        id: String,
-        layers: usize,
-    },
-    Layer {
-        index: usize,
-        digest: String,
-        /// Bytes so far and in all; both 0 for a layer already stored.
-        done: u64,
-        total: u64,
-        stored: bool,
-    },
-    Applying {
-        index: usize,
-    },
 }
 
 impl Manager {
