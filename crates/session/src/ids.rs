@@ -74,7 +74,7 @@ pub fn mount_root(
     sv: &Path,
     base: Option<u32>,
 ) -> Result<(), SessionError> {
-    let mount = |data: String| {
+    let overlay = |data: String| {
         sys.mount(
             Some("overlay"),
             root,
@@ -95,7 +95,7 @@ pub fn mount_root(
     // overlay's: no watched image file could be checkpointed. With it every
     // file has the overlay's device and one inode number everywhere.
     let Some(base) = base else {
-        return mount(format!(
+        return overlay(format!(
             "lowerdir={},upperdir={},workdir={},xino=on",
             lower.display(),
             sv.join("upper").display(),
@@ -107,7 +107,7 @@ pub fn mount_root(
     let image = idmap::idmapped_tree_with(sys, lower, session_ns.as_fd(), true)?;
     let store = idmap::idmapped_tree_with(sys, sv, store_ns.as_fd(), false)?;
     let store_path = idmap::fd_path(store.as_fd());
-    mount(format!(
+    overlay(format!(
         "lowerdir={},upperdir={store_path}/upper,workdir={store_path}/work,xino=on",
         idmap::fd_path(image.as_fd()),
     ))

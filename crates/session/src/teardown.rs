@@ -28,7 +28,7 @@ pub enum RemoveError {
     #[error("remove")]
     Dir(#[source] std::io::Error),
     #[error("umount")]
-    Umount(#[source] nix::Error),
+    Unmount(#[source] nix::Error),
     /// The plain unmount found it busy, and the lazy one failed too.
     #[error("umount -l")]
     Detach(#[source] nix::Error),
@@ -183,7 +183,7 @@ fn unmount(sys: &dyn Syscall, path: &Path) -> Result<(), RemoveError> {
         Err(nix::Error::EBUSY) => sys
             .umount2(path, MntFlags::MNT_DETACH)
             .map_err(|e| RemoveError::Detach(e.source)),
-        Err(e) => Err(RemoveError::Umount(e)),
+        Err(e) => Err(RemoveError::Unmount(e)),
     }
 }
 
@@ -230,7 +230,7 @@ mod tests {
         sys.fail("umount", nix::Error::EPERM);
         assert!(matches!(
             unmount(&sys, Path::new("/s/root")),
-            Err(RemoveError::Umount(nix::Error::EPERM))
+            Err(RemoveError::Unmount(nix::Error::EPERM))
         ));
         assert_eq!(sys.attempts("umount"), 1, "no detach after EPERM");
 
