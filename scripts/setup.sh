@@ -66,8 +66,6 @@ wait_fetch() {
 # eBPF toolchain (used by the inspector): clang libelf-dev zlib1g-dev bpftool
 # (libbpf-cargo runs clang alone; llvm's own tools are not needed).
 # libseccomp-dev: the archive linked statically into drums-init (the seccomp filter).
-# libsqlite3-dev: the catalog's SQLite, Debian's (rusqlite links it; building
-# SQLite's amalgamation into the binaries cost a minute of CPU per build).
 packages=(
   btrfs-progs debootstrap nftables iproute2 procps python3 xz-utils ca-certificates
   build-essential pkgconf git
@@ -75,7 +73,7 @@ packages=(
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
   python3-protobuf
   clang libelf-dev zlib1g-dev bpftool
-  libseccomp-dev libsqlite3-dev
+  libseccomp-dev
 )
 # What only the tests and benches need:
 # Desktop tests on the host (the screen and OSWorld crates drive a real X
@@ -92,15 +90,15 @@ packages=(
 # busybox-static: the whole of the libc-less test images in
 # crates/daemon/tests/foreign_libc.rs (a static /bin/busybox).
 # CPython 3.13's build deps (Harbor's interpreter, below), for the modules it
-# needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev,
-# uuid-dev and libsqlite3-dev above: zlib, uuid, sqlite3).
+# needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev and
+# uuid-dev above: zlib, uuid).
 if [ "$level" = all ]; then
   packages+=(
     xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
     fonts-dejavu-core
     docker-registry skopeo umoci podman runc buildah
     busybox-static
-    libssl-dev libffi-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
+    libssl-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev
   )
 fi
 missing=()
