@@ -55,6 +55,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "removePool": ("Pool.remove", "AsyncPool.remove"),
     "takeFromPool": ("Pool.take", "AsyncPool.take"),
     "hostKey": ("host_key", "aio.host_key"),
+    "capacity": ("capacity", "aio.capacity"),
     "audit": ("audit", "aio.audit"),
     "setFault": ("Debug.set_fault", "AsyncDebug.set_fault"),
     "openapi": ("openapi", "aio.openapi"),

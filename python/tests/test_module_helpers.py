@@ -3,6 +3,7 @@ sync code, drums.aio.* for async code), against the run's drumsd."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -38,6 +39,14 @@ def test_sync_helpers_use_the_default_client(default_socket: None, daemon: Daemo
     try:
         assert {s.id for s in drums.Sandbox.list()} == {a.id, b.id}
         assert drums.Sandbox.connect(a.name).id == a.id
+        cap = drums.capacity()
+        assert cap.sessions == 2
+        assert cap.max_sessions is None
+        limits = [s.info.limits.memory_bytes or 0 for s in (a, b)]
+        assert cap.memory_committed_bytes == sum(limits) > 0
+        assert cap.default_memory_bytes == limits[0]
+        assert cap.memory_available_bytes > 0
+        assert cap.cpus == os.cpu_count()
         report = drums.audit(a, b)
         assert report.a == a.id or report.a == a.name
     finally:
@@ -66,6 +75,7 @@ async def test_async_helpers_use_the_loops_default_client(
     await drums.aio.debug.set_fault(None)
     async with await drums.AsyncSandbox.create() as a, await drums.AsyncSandbox.create() as b:
         assert {s.id for s in await drums.AsyncSandbox.list()} == {a.id, b.id}
+        assert (await drums.aio.capacity()).sessions == 2
         report = await drums.aio.audit(a, b)
         assert report.passed, report
     from drums._default import async_default_client

@@ -23,6 +23,7 @@ MODELS: dict[str, type[Any]] = {
     for name in [
         "Version",
         "HostKey",
+        "Capacity",
         "Limits",
         "Session",
         "SessionStats",
@@ -186,7 +187,7 @@ def test_model_matches_its_schema(path: tuple[str, ...], model: type[Any]) -> No
 
 
 def test_async_module_helpers_mirror_the_sync_ones() -> None:
-    for name in ("version", "host_key", "audit", "openapi"):
+    for name in ("version", "host_key", "capacity", "audit", "openapi"):
         assert inspect.iscoroutinefunction(getattr(drums.aio, name))
         assert callable(getattr(drums, name))
     for ns in ("checkpoints", "images", "jobs", "pools", "debug"):

@@ -269,6 +269,29 @@ pub struct Version {
     pub state_dir: String,
 }
 
+/// `GET /v1/capacity`: what this host holds and may still take, for a
+/// scheduler that places sessions over several hosts (`drums.ray`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Sessions held now, warm pools' members included.
+    pub sessions: u64,
+    /// drumsd's `--max-sessions`; `None`: no such limit.
+    pub max_sessions: Option<u64>,
+    /// What all sessions together may use (the cgroup parent's memory
+    /// limit, `--sessions-memory`); `None`: no limit.
+    pub sessions_memory_bytes: Option<u64>,
+    /// The sum of the sessions' own memory limits (a session without one
+    /// counts nothing).
+    pub memory_committed_bytes: u64,
+    /// The memory limit a session gets when its request names none
+    /// (`--default-memory`); `None`: unlimited.
+    pub default_memory_bytes: Option<u64>,
+    /// The host's MemAvailable now.
+    pub memory_available_bytes: u64,
+    /// CPUs the host has online.
+    pub cpus: u64,
+}
+
 /// `POST /v1/debug/faults` (only when drumsd runs with `--enable-fault-injection`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fault {

@@ -30,8 +30,8 @@ use nix::unistd::Pid;
 pub use devices::Devices;
 pub use freeze::{FreezeMethod, Frozen, FREEZE_TIMEOUT};
 pub use limits::{
-    host_cpus, host_memory_bytes, host_pids_max, Limits, LimitsError, ParentCaps, MAX_PIDS,
-    MIN_CPUS, MIN_MEMORY_BYTES,
+    host_cpus, host_memory_available_bytes, host_memory_bytes, host_pids_max, Limits, LimitsError,
+    ParentCaps, MAX_PIDS, MIN_CPUS, MIN_MEMORY_BYTES,
 };
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";

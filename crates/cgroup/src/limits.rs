@@ -98,8 +98,19 @@ pub fn host_memory_bytes() -> Option<u64> {
     parse_mem_total(&text)
 }
 
+/// MemAvailable of /proc/meminfo in bytes (what the kernel estimates new
+/// work can have without swapping), if readable.
+pub fn host_memory_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text, "MemAvailable:")
+}
+
 fn parse_mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    parse_meminfo(meminfo, "MemTotal:")
+}
+
+fn parse_meminfo(meminfo: &str, field: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with(field))?;
     let mut words = line.split_whitespace().skip(1);
     let kib: u64 = words.next()?.parse().ok()?;
     (words.next() == Some("kB")).then_some(kib.checked_mul(1024)?)

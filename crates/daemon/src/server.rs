@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use bytes::Bytes;
-use drums_api::{CreateSession, Fault, SessionList, Version};
+use drums_api::{Capacity, CreateSession, Fault, SessionList, Version};
 use drums_session::Manager;
 use tracing::{info, warn};
 
@@ -93,6 +93,7 @@ fn table() -> Vec<Route> {
         route(M::DELETE, "/v1/pools/{pool}", crate::pools::remove),
         route(M::POST, "/v1/pools/{pool}/take", crate::pools::take),
         route(M::GET, "/v1/keys/host", host_key),
+        route(M::GET, "/v1/capacity", capacity),
         route(M::GET, "/v1/audit", audit),
         route(M::POST, "/v1/debug/faults", fault),
         route(M::GET, "/openapi.yaml", openapi),
@@ -172,6 +173,23 @@ async fn version(State(m): State<AppState>) -> Json<Version> {
         pid: std::process::id(),
         state_dir: m.config().state_dir.display().to_string(),
     })
+}
+
+async fn capacity(State(m): State<AppState>) -> Result<Json<Capacity>> {
+    let sessions = m.list()?;
+    let cfg = m.config();
+    Ok(Json(Capacity {
+        sessions: sessions.len() as u64,
+        max_sessions: cfg.max_sessions,
+        sessions_memory_bytes: cfg.sessions_caps.memory_bytes,
+        memory_committed_bytes: sessions
+            .iter()
+            .filter_map(|s| s.limits.memory_bytes)
+            .fold(0u64, u64::saturating_add),
+        default_memory_bytes: cfg.default_limits.memory_bytes,
+        memory_available_bytes: drums_cgroup::host_memory_available_bytes().unwrap_or(0),
+        cpus: drums_cgroup::host_cpus(),
+    }))
 }
 
 async fn list(State(m): State<AppState>) -> Result<Json<SessionList>> {
@@ -492,6 +510,8 @@ struct ImportQuery {
     /// Accept an unsigned archive, or one signed by a key not trusted here.
     #[serde(default)]
     trust_unsigned: bool,
+    /// Publish it under this name instead of the archive's.
+    name: Option<String>,
 }
 
 async fn import(
@@ -506,10 +526,12 @@ async fn import(
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_request",
-            format!("import takes ?trust_unsigned=true|false: {e}"),
+            format!("import takes ?trust_unsigned=true|false and ?name=NAME: {e}"),
         )
     })?;
-    let ck = m.import(body.into_data_stream(), q.trust_unsigned).await?;
+    let ck = m
+        .import(body.into_data_stream(), q.trust_unsigned, q.name.as_deref())
+        .await?;
     info!(checkpoint = %ck.id, name = %ck.name, "checkpoint imported");
     Ok((StatusCode::CREATED, Json(ck)))
 }

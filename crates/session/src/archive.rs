@@ -135,16 +135,23 @@ impl Manager {
     /// keeping nothing, when any member is not allowed, the signature does not
     /// verify or its signer is not trusted (unless `trust_unsigned`), a name in
     /// the manifest is not a plain name, the manifest is of a newer format, it
-    /// was taken on an incompatible host, or an image is damaged.
+    /// was taken on an incompatible host, or an image is damaged. With
+    /// `name`, it is published under that name instead of the archive's (a
+    /// cluster names what it received by content, `drums.ray`).
     pub async fn import<S, E>(
         &self,
         mut body: S,
         trust_unsigned: bool,
+        name: Option<&str>,
     ) -> Result<Checkpoint, SessionError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: Into<crate::BoxError>,
     {
+        // A bad name is refused before a byte is spooled.
+        if let Some(n) = name {
+            crate::spec::validate_name_of("checkpoint", n)?;
+        }
         // The staging directory is on the store, so fs/ can go straight into
         // a subvolume; it is root-only, so nothing changes the spooled archive
         // between its validation and its extraction.
@@ -180,10 +187,13 @@ impl Manager {
             let verified = tokio::task::spawn_blocking(move || archive::verify(&path, &trust))
                 .await
                 .expect("no panic")?;
-            let m = verified.manifest;
+            let mut m = verified.manifest;
             // Everything that could refuse it is checked before anything is
             // extracted.
             check_manifest(&m)?;
+            if let Some(n) = name {
+                m.name = n.to_owned();
+            }
             self.check_usable_here(&m)?;
             if self.host.catalog.version(&m.name)?.is_some() {
                 return Err(CatalogError::CheckpointNameTaken(m.name.clone()).into());

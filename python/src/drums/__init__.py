@@ -77,7 +77,7 @@ from drums._sync import (
     TurnStream,
 )
 from drums._types import CommandResult
-from drums.models import AuditReport, HostKey, Version
+from drums.models import AuditReport, Capacity, HostKey, Version
 
 __version__ = "0.1.0"
 
@@ -101,6 +101,12 @@ def version() -> Version:
 def host_key() -> HostKey:
     """The public key the default daemon's host signs checkpoint archives with."""
     return default_client().host_key()
+
+
+def capacity() -> Capacity:
+    """What the default daemon's host holds and may still take (sessions,
+    memory, CPUs)."""
+    return default_client().capacity()
 
 
 def audit(a: str | Sandbox, b: str | Sandbox) -> AuditReport:
@@ -166,6 +172,7 @@ __all__ = [
     "Untrusted",
     "aio",
     "audit",
+    "capacity",
     "checkpoints",
     "debug",
     "default_client",

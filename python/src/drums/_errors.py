@@ -59,6 +59,12 @@ class DrumsError(Exception):
         self.status = status
         self.request_id = request_id
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt with its attributes (kind, status, a command's result), not
+        # by calling the class with `args` alone: a DrumsError that crosses a
+        # process (a Ray actor's answer, drums.ray) arrives whole.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
     def __str__(self) -> str:
         extra = []
         if self.status is not None:
@@ -202,3 +208,12 @@ def error_from_response(status: int, body: bytes, request_id: str | None) -> Dru
     if cls is None:
         cls = InternalError if status >= 500 else DrumsError
     return cls(message, kind=kind, status=status, request_id=request_id)
+
+
+def _rebuild(
+    cls: type[DrumsError], args: tuple[object, ...], state: dict[str, object]
+) -> DrumsError:
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e

@@ -17,10 +17,11 @@ from drums._async import (
     AsyncSandbox,
 )
 from drums._default import async_default_client
-from drums.models import AuditReport, HostKey, Version
+from drums.models import AuditReport, Capacity, HostKey, Version
 
 __all__ = [
     "audit",
+    "capacity",
     "checkpoints",
     "debug",
     "host_key",
@@ -51,6 +52,11 @@ async def version() -> Version:
 async def host_key() -> HostKey:
     """The public key the default daemon's host signs archives with."""
     return await async_default_client().host_key()
+
+
+async def capacity() -> Capacity:
+    """What the default daemon's host holds and may still take."""
+    return await async_default_client().capacity()
 
 
 async def audit(a: str | AsyncSandbox, b: str | AsyncSandbox) -> AuditReport:

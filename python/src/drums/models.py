@@ -20,6 +20,7 @@ __all__ = [
     "ArtifactCost",
     "AuditCheck",
     "AuditReport",
+    "Capacity",
     "Checkpoint",
     "CheckpointList",
     "CoordinatedTurn",
@@ -68,6 +69,19 @@ class HostKey:
 
     key: str
     trusted_keys_line: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a host holds and may still take (`GET /v1/capacity`)."""
+
+    sessions: int
+    max_sessions: int | None
+    sessions_memory_bytes: int | None
+    memory_committed_bytes: int
+    default_memory_bytes: int | None
+    memory_available_bytes: int
+    cpus: int
 
 
 @dataclass(frozen=True)

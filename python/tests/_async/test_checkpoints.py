@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import tarfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import drums
-from drums.models import AuditReport, HostKey, SessionVersion, TurnEffects, Version
+from drums.models import AuditReport, Capacity, HostKey, SessionVersion, TurnEffects, Version
 
 
 def unsigned_copy(src: Path, dst: Path) -> None:
@@ -56,6 +57,12 @@ async def test_checkpoint_restore_export_import(
             assert not (tmp_path / "ck.tar.part").exists()
             with open(tmp_path / "ck2.tar", "wb") as f:
                 assert await ck.export(f) == size
+            # By chunks, never whole: none is over the size asked for.
+            chunks: list[bytes] = []
+            async for c in ck.iter_export(64 << 10):
+                chunks.append(c)
+            assert max(len(c) for c in chunks) <= 64 << 10
+            assert sum(len(c) for c in chunks) == size
         finally:
             await ck.remove()
         with pytest.raises(drums.NotFound):
@@ -65,13 +72,38 @@ async def test_checkpoint_restore_export_import(
         assert imported.name == "py-ck"
         assert imported.id != ck.id
         await imported.remove()
+
+        # From an iterable of chunks, under a name of the caller's.
+        async def chunks_of(path: Path) -> AsyncIterator[bytes]:
+            with open(path, "rb") as src:
+                while b := src.read(1 << 20):
+                    yield b
+
+        renamed = await async_client.checkpoints.import_(chunks_of(archive), name="py-renamed")
+        assert renamed.name == "py-renamed"
+        # A name taken is a conflict; a bad one is refused before the upload.
+        with pytest.raises(drums.Conflict):
+            await async_client.checkpoints.import_(chunks_of(archive), name="py-renamed")
+        with pytest.raises(drums.InvalidArgument):
+            await async_client.checkpoints.import_(archive, name="../up")
+        await renamed.remove()
+
+        # An upload that breaks off keeps nothing.
+        async def broken(path: Path) -> AsyncIterator[bytes]:
+            with open(path, "rb") as src:
+                yield src.read(1 << 20)
+            raise OSError("the sender vanished")
+
+        with pytest.raises(OSError, match="the sender vanished"):
+            await async_client.checkpoints.import_(broken(archive), name="py-broken")
+        assert [c.name for c in await async_client.checkpoints.list()] == []
         unsigned = tmp_path / "unsigned.tar"
         unsigned_copy(archive, unsigned)
         with pytest.raises(drums.Untrusted) as ue:
             await async_client.checkpoints.import_(unsigned)
         assert ue.value.status == 403
-        with open(unsigned, "rb") as f:
-            trusted = await async_client.checkpoints.import_(f, trust_unsigned=True)
+        with open(unsigned, "rb") as uf:
+            trusted = await async_client.checkpoints.import_(uf, trust_unsigned=True)
         await trusted.remove()
 
 
@@ -154,6 +186,9 @@ async def test_daemon_calls(async_client: drums.AsyncClient, daemon: object) -> 
     k = await async_client.host_key()
     assert isinstance(k, HostKey)
     assert k.key.startswith("ed25519 ")
+    cap = await async_client.capacity()
+    assert isinstance(cap, Capacity)
+    assert cap.sessions == 0 and cap.cpus >= 1 and cap.memory_available_bytes > 0
     doc = await async_client.openapi()
     assert "operationId: createSession" in doc
     # A fault point fails the next create with drumsd's own error.

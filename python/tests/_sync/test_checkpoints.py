@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import drums
-from drums.models import AuditReport, HostKey, SessionVersion, TurnEffects, Version
+from drums.models import AuditReport, Capacity, HostKey, SessionVersion, TurnEffects, Version
 
 
 def unsigned_copy(src: Path, dst: Path) -> None:
@@ -56,6 +57,12 @@ def test_checkpoint_restore_export_import(
             assert not (tmp_path / "ck.tar.part").exists()
             with open(tmp_path / "ck2.tar", "wb") as f:
                 assert ck.export(f) == size
+            # By chunks, never whole: none is over the size asked for.
+            chunks: list[bytes] = []
+            for c in ck.iter_export(64 << 10):
+                chunks.append(c)
+            assert max(len(c) for c in chunks) <= 64 << 10
+            assert sum(len(c) for c in chunks) == size
         finally:
             ck.remove()
         with pytest.raises(drums.NotFound):
@@ -65,13 +72,38 @@ def test_checkpoint_restore_export_import(
         assert imported.name == "py-ck"
         assert imported.id != ck.id
         imported.remove()
+
+        # From an iterable of chunks, under a name of the caller's.
+        def chunks_of(path: Path) -> Iterator[bytes]:
+            with open(path, "rb") as src:
+                while b := src.read(1 << 20):
+                    yield b
+
+        renamed = client.checkpoints.import_(chunks_of(archive), name="py-renamed")
+        assert renamed.name == "py-renamed"
+        # A name taken is a conflict; a bad one is refused before the upload.
+        with pytest.raises(drums.Conflict):
+            client.checkpoints.import_(chunks_of(archive), name="py-renamed")
+        with pytest.raises(drums.InvalidArgument):
+            client.checkpoints.import_(archive, name="../up")
+        renamed.remove()
+
+        # An upload that breaks off keeps nothing.
+        def broken(path: Path) -> Iterator[bytes]:
+            with open(path, "rb") as src:
+                yield src.read(1 << 20)
+            raise OSError("the sender vanished")
+
+        with pytest.raises(OSError, match="the sender vanished"):
+            client.checkpoints.import_(broken(archive), name="py-broken")
+        assert [c.name for c in client.checkpoints.list()] == []
         unsigned = tmp_path / "unsigned.tar"
         unsigned_copy(archive, unsigned)
         with pytest.raises(drums.Untrusted) as ue:
             client.checkpoints.import_(unsigned)
         assert ue.value.status == 403
-        with open(unsigned, "rb") as f:
-            trusted = client.checkpoints.import_(f, trust_unsigned=True)
+        with open(unsigned, "rb") as uf:
+            trusted = client.checkpoints.import_(uf, trust_unsigned=True)
         trusted.remove()
 
 
@@ -152,6 +184,9 @@ def test_daemon_calls(client: drums.Client, daemon: object) -> None:
     k = client.host_key()
     assert isinstance(k, HostKey)
     assert k.key.startswith("ed25519 ")
+    cap = client.capacity()
+    assert isinstance(cap, Capacity)
+    assert cap.sessions == 0 and cap.cpus >= 1 and cap.memory_available_bytes > 0
     doc = client.openapi()
     assert "operationId: createSession" in doc
     # A fault point fails the next create with drumsd's own error.

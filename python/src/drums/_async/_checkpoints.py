@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -100,6 +101,25 @@ class AsyncCheckpoint:
             return n
         return await self._export_to(dest)
 
+    async def iter_export(self, chunk_size: int = _CHUNK) -> AsyncIterator[bytes]:
+        """The checkpoint's signed archive, a chunk of at most `chunk_size`
+        bytes at a time (never whole in memory): to send it on without a file
+        (`drums.ray` moves checkpoints between nodes so). A broken transfer
+        raises `DaemonUnavailable`: what was yielded is no archive."""
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise TypeError(f"chunk_size must be a positive int, not {chunk_size!r}")
+        n = 0
+        async with self._client._stream("GET", f"{self._base}/export") as r:
+            try:
+                async for chunk in r.aiter_bytes(chunk_size):
+                    n += len(chunk)
+                    yield chunk
+            except httpx.HTTPError as e:
+                raise DaemonUnavailable(
+                    f"the export of checkpoint {self.name} broke off after {n} bytes: "
+                    f"no archive ({e})"
+                ) from e
+
     async def _export_to(self, f: IO[bytes]) -> int:
         n = 0
         async with self._client._stream("GET", f"{self._base}/export") as r:
@@ -154,13 +174,25 @@ class AsyncCheckpoints:
         return AsyncCheckpoint(info, client=c)
 
     async def import_(
-        self, src: str | os.PathLike[str] | IO[bytes], *, trust_unsigned: bool = False
+        self,
+        src: str | os.PathLike[str] | IO[bytes] | AsyncIterable[bytes],
+        *,
+        trust_unsigned: bool = False,
+        name: str | None = None,
     ) -> AsyncCheckpoint:
-        """Import an exported archive, streamed from a path or a binary file
-        object; it gets a fresh id. Raises `Untrusted` for an unsigned archive
-        or an unknown signer unless `trust_unsigned`."""
+        """Import an exported archive, streamed from a path, a binary file
+        object or an iterable of chunks; it gets a fresh id, and the archive's
+        name unless `name`. Raises `Untrusted` for an unsigned archive or an
+        unknown signer unless `trust_unsigned`. An iterable that raises stops
+        the upload short: drumsd keeps nothing of a truncated archive."""
         c = self._client
-        params = {"trust_unsigned": "true"} if trust_unsigned else None
+        params: dict[str, str] = {}
+        if trust_unsigned:
+            params["trust_unsigned"] = "true"
+        if name is not None:
+            if not isinstance(name, str):
+                raise TypeError(f"name must be a str, not {type(name).__name__}")
+            params["name"] = name
         headers = {"content-type": "application/x-tar"}
         if isinstance(src, str | os.PathLike):
             with open(src, "rb") as f:
@@ -168,17 +200,21 @@ class AsyncCheckpoints:
                     CheckpointInfo,
                     "POST",
                     "/v1/checkpoints/import",
-                    params=params,
+                    params=params or None,
                     content=file_chunks(f),
                     headers=headers,
                 )
         else:
+            # A file object is iterable too (by lines): read it by chunks.
+            content: AsyncIterable[bytes] = (
+                file_chunks(cast("IO[bytes]", src)) if hasattr(src, "read") else src
+            )
             info = await c._call_json(
                 CheckpointInfo,
                 "POST",
                 "/v1/checkpoints/import",
-                params=params,
-                content=file_chunks(src),
+                params=params or None,
+                content=content,
                 headers=headers,
             )
         return AsyncCheckpoint(info, client=c)

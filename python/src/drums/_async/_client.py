@@ -22,7 +22,7 @@ import httpx
 from drums import _parse
 from drums._backends import AsyncLock, abort_response, async_sleep
 from drums._errors import DaemonUnavailable, DrumsError, error_from_response
-from drums.models import AuditReport, HostKey, Version
+from drums.models import AuditReport, Capacity, HostKey, Version
 
 if TYPE_CHECKING:
     from drums._async._checkpoints import AsyncCheckpoints
@@ -141,6 +141,11 @@ class AsyncClient:
     async def host_key(self) -> HostKey:
         """The public key this host signs checkpoint archives with."""
         return await self._get_json(HostKey, "/v1/keys/host")
+
+    async def capacity(self) -> Capacity:
+        """What the daemon's host holds and may still take (sessions, memory,
+        CPUs): what `drums.ray` places sessions by."""
+        return await self._get_json(Capacity, "/v1/capacity")
 
     async def audit(self, a: str, b: str) -> AuditReport:
         """Isolation and clone checks between sessions `a` and `b` (ids or names)."""

@@ -23,7 +23,7 @@ import httpx
 from drums import _parse
 from drums._backends import Lock, abort_response, sleep
 from drums._errors import DaemonUnavailable, DrumsError, error_from_response
-from drums.models import AuditReport, HostKey, Version
+from drums.models import AuditReport, Capacity, HostKey, Version
 
 if TYPE_CHECKING:
     from drums._sync._checkpoints import Checkpoints
@@ -142,6 +142,11 @@ class Client:
     def host_key(self) -> HostKey:
         """The public key this host signs checkpoint archives with."""
         return self._get_json(HostKey, "/v1/keys/host")
+
+    def capacity(self) -> Capacity:
+        """What the daemon's host holds and may still take (sessions, memory,
+        CPUs): what `drums.ray` places sessions by."""
+        return self._get_json(Capacity, "/v1/capacity")
 
     def audit(self, a: str, b: str) -> AuditReport:
         """Isolation and clone checks between sessions `a` and `b` (ids or names)."""
