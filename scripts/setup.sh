@@ -294,6 +294,25 @@ if [ ! -e "$harness_marker" ]; then
   touch "$harness_marker"
 fi
 
+# ---- Ray, for drums.ray (scripts/python-test.sh) -------------------------------
+# Ray from PyPI, pinned, in a venv of its own (its tree is large and must not
+# leak into the SDK's gates), with the test tools at the SDK venv's pins.
+# The tests start their own 3-node cluster on loopback (python/tests/ray);
+# usage stats are off there (RAY_USAGE_STATS_ENABLED=0). Same marker scheme
+# as the venvs above.
+ray_pins="ray==2.60.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113"
+ray_venv=$cache/ray
+ray_marker="$ray_venv/.drums-ready-$(echo "$ray_pins" | tr ' =' '_-')"
+if [ ! -e "$ray_marker" ]; then
+  log "installing Ray into $ray_venv"
+  rm -rf "$ray_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$ray_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$ray_venv/bin/python" -m pip install -q --disable-pip-version-check $ray_pins
+  touch "$ray_marker"
+fi
+
 # ---- CPython 3.13 from Debian's source package (sid), for Harbor -------------
 # Harbor (the Terminal-Bench 2 harness) needs Python >= 3.12 and Debian 12 has
 # 3.11, so build the orig tarball (upstream's release tarball, checked by apt

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent.parent
 DIRS = [
     ("src/drums/_async", "src/drums/_sync"),
     ("tests/_async", "tests/_sync"),
+    ("src/drums/ray/_async", "src/drums/ray/_sync"),
 ]
 
 # Exact words, longest first where one contains another.

@@ -51,6 +51,7 @@ class Daemon:
         *,
         llm_proxy_local: str = "off",
         extra_args: tuple[str, ...] = (),
+        store_gib: int = 4,
     ) -> None:
         self.k = k
         # The LLM proxy's host listener defaults to 127.0.0.1:7080, which a
@@ -58,6 +59,7 @@ class Daemon:
         # over: off unless a test (the integrations') serves it a port.
         self.llm_proxy_local = llm_proxy_local
         self.extra_args = extra_args
+        self.store_gib = store_gib
         self.state = state or Path(tempfile.mkdtemp(prefix=f"drumspy{k}-"))
         self.socket = self.state / "drumsd.sock"
         self.log_path = self.state / "drumsd.log"
@@ -78,7 +80,7 @@ class Daemon:
                     "--bridge", self.bridge,
                     "--subnet", self.subnet,
                     "--cgroup-parent", self.cgroup_parent,
-                    "--store-gib", "4",
+                    "--store-gib", str(self.store_gib),
                     "--enable-fault-injection",
                     "--llm-proxy-local", self.llm_proxy_local,
                     *self.extra_args,

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""drums.ray on a real Ray cluster of 3 nodes on this host, each with its own
+drumsd (tests/ray/cluster.py), in one run:
+
+    python bench/cluster.py [-n 5] [--profile desktop|headless]
+        [--reset-seconds 20] [--json]
+
+fork     a checkpoint forked into 4 siblings, interleaved round by round:
+         same  restored on its own node (node a)
+         cross sent to node b (its cached copy removed before each round, so
+               every round moves the whole archive: export on a, the object
+               store, import on b), then restored there; transfer, restore
+               and total apart
+         hit   sent to b again (the cache: nothing moves), then restored
+resets   resets per hour with warm pools: workers take a sibling, run one
+         command in it and remove it, for --reset-seconds, alternately
+         against a cluster pool on all 3 nodes and a pool on node a alone
+         (the same members per node, the same number of workers)
+
+Prints p50 and p95 of every arm and the ratios; with --json, one object.
+Everything it makes is removed at the end, also when it fails, and the
+cluster's stop proves that nothing is left on the host. The 3 nodes share
+this machine's 2 cores: the resets compare the cluster layer's cost at equal
+hardware, not the gain of 3 machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+from tests.daemon import pick_k
+from tests.ray.cluster import RayCluster
+
+import drums
+import drums.ray
+
+SIBLINGS = 4
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"p50": statistics.median(xs), "p95": pct(xs, 95), "n": len(xs)}
+
+
+def fork_arms(c: drums.ray.Cluster, rc: RayCluster, profile: str, n: int) -> dict[str, Any]:
+    a, b = rc.nodes["a"].node_id, rc.nodes["b"].node_id
+    kw: dict[str, Any] = {"profile": profile}
+    if profile == "desktop":
+        kw.update(memory="1G", pids=512, screen="800x600")
+    sb = c.create(node=a, **kw)
+    try:
+        ck = sb.checkpoint(clean=profile == "desktop")
+    finally:
+        sb.kill()
+    out: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "same_restore",
+            "cross_export",
+            "cross_import",
+            "cross_transfer",
+            "cross_restore",
+            "cross_total",
+            "hit_transfer",
+            "hit_restore",
+            "hit_total",
+        )
+    }
+    archive_bytes = 0
+    try:
+        for i in range(n):
+            order = ["same", "cross", "hit"] if i % 2 == 0 else ["cross", "hit", "same"]
+            for arm in order:
+                if arm == "same":
+                    t0 = time.monotonic()
+                    sibs = ck.restore(SIBLINGS)
+                    out["same_restore"].append(time.monotonic() - t0)
+                elif arm == "cross":
+                    # Every round a whole transfer: b's cached copy goes first.
+                    with drums.Client(rc.nodes["b"].daemon.socket, autostart=False) as cb:
+                        for k in cb.checkpoints.list():
+                            if k.name.startswith(drums.ray._node.CACHE_PREFIX):
+                                k.remove()
+                    t0 = time.monotonic()
+                    t = c.send(ck, to=b)
+                    t1 = time.monotonic()
+                    assert t.moved_bytes > 0
+                    archive_bytes = t.moved_bytes
+                    sibs = t.checkpoint.restore(SIBLINGS)
+                    t2 = time.monotonic()
+                    out["cross_export"].append(t.export_seconds)
+                    out["cross_import"].append(t.import_seconds)
+                    out["cross_transfer"].append(t1 - t0)
+                    out["cross_restore"].append(t2 - t1)
+                    out["cross_total"].append(t2 - t0)
+                else:
+                    t0 = time.monotonic()
+                    t = c.send(ck, to=b)
+                    t1 = time.monotonic()
+                    assert t.cached, "the second send moved bytes"
+                    sibs = t.checkpoint.restore(SIBLINGS)
+                    t2 = time.monotonic()
+                    out["hit_transfer"].append(t1 - t0)
+                    out["hit_restore"].append(t2 - t1)
+                    out["hit_total"].append(t2 - t0)
+                for s in sibs:
+                    s.kill()
+    finally:
+        for name in rc.nodes:
+            with drums.Client(rc.nodes[name].daemon.socket, autostart=False) as cl:
+                for k in cl.checkpoints.list():
+                    k.remove()
+    res: dict[str, Any] = {k: summary(v) for k, v in out.items()}
+    res["archive_bytes"] = archive_bytes
+    same = res["same_restore"]["p50"]
+    res["ratio_cross_total_vs_same_p50"] = res["cross_total"]["p50"] / same
+    res["ratio_hit_total_vs_same_p50"] = res["hit_total"]["p50"] / same
+    return res
+
+
+def resets(pool: drums.ray.ClusterPool, seconds: float, workers: int) -> dict[str, Any]:
+    """Workers take, use and remove members for `seconds`; resets per hour."""
+    done: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def work() -> None:
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            try:
+                with pool.take(timeout=60) as sb:
+                    sb.commands.run("true")
+            except drums.DrumsError as e:
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                done.append(time.monotonic() - t0)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    if errors:
+        raise RuntimeError(f"resets failed: {errors[0]}")
+    return {
+        "resets": len(done),
+        "seconds": elapsed,
+        "per_hour": len(done) / elapsed * 3600,
+        "take_use_remove": summary(done) if done else None,
+    }
+
+
+def reset_arms(
+    c: drums.ray.Cluster, rc: RayCluster, profile: str, n: int, seconds: float
+) -> dict[str, Any]:
+    a = rc.nodes["a"].node_id
+    kw: dict[str, Any] = {"profile": profile}
+    if profile == "desktop":
+        kw.update(memory="1G", pids=512, screen="800x600")
+    sb = c.create(node=a, **kw)
+    try:
+        ck = sb.checkpoint(clean=profile == "desktop")
+    finally:
+        sb.kill()
+    size, workers = 2, 4
+    runs: dict[str, list[dict[str, Any]]] = {"cluster": [], "one_node": []}
+    try:
+        for i in range(n):
+            for arm in ["cluster", "one_node"] if i % 2 == 0 else ["one_node", "cluster"]:
+                nodes = None if arm == "cluster" else [a]
+                with c.pool(ck, size=size, nodes=nodes) as pool:
+                    # Full before the clock starts.
+                    deadline = time.monotonic() + 120
+                    while any(p.ready < size for p in pool.info().values()):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"the pools did not fill: {pool.info()}")
+                        time.sleep(0.1)
+                    runs[arm].append(resets(pool, seconds, workers))
+    finally:
+        for name in rc.nodes:
+            with drums.Client(rc.nodes[name].daemon.socket, autostart=False) as cl:
+                for k in cl.checkpoints.list():
+                    k.remove()
+    res: dict[str, Any] = {"pool_size_per_node": size, "workers": workers}
+    for arm, rs in runs.items():
+        res[arm] = {
+            "per_hour_p50": statistics.median(r["per_hour"] for r in rs),
+            "runs": rs,
+        }
+    res["ratio_cluster_vs_one_node"] = (
+        res["cluster"]["per_hour_p50"] / res["one_node"]["per_hour_p50"]
+    )
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=5, help="rounds of each arm")
+    ap.add_argument("--profile", choices=("desktop", "headless"), default="desktop")
+    ap.add_argument("--reset-seconds", type=float, default=20.0)
+    ap.add_argument("--reset-profile", choices=("desktop", "headless"), default="headless")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    rc = RayCluster(k0=pick_k(31), object_store_bytes=600 << 20)
+    rc.start()
+    result: dict[str, Any] = {"nodes": 3, "siblings": SIBLINGS}
+    try:
+        for x in rc.nodes:
+            for y in rc.nodes:
+                if x != y:
+                    rc.trust(x, y)
+        c = drums.ray.Cluster()
+        result["node_ids"] = {name: n.node_id for name, n in rc.nodes.items()}
+        result["fork"] = fork_arms(c, rc, args.profile, args.n)
+        result["fork"]["profile"] = args.profile
+        result["resets"] = reset_arms(c, rc, args.reset_profile, args.n, args.reset_seconds)
+        result["resets"]["profile"] = args.reset_profile
+    finally:
+        rc.stop()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    f = result["fork"]
+    print(
+        f"fork of a {args.profile} checkpoint ({f['archive_bytes'] >> 20} MiB archive) "
+        f"into {SIBLINGS} siblings, {args.n} interleaved rounds (seconds):"
+    )
+    print(f"  {'arm':<16} {'p50':>8} {'p95':>8}")
+    for k in (
+        "same_restore",
+        "cross_export",
+        "cross_import",
+        "cross_transfer",
+        "cross_restore",
+        "cross_total",
+        "hit_transfer",
+        "hit_restore",
+        "hit_total",
+    ):
+        print(f"  {k:<16} {f[k]['p50']:>8.3f} {f[k]['p95']:>8.3f}")
+    print(
+        f"  cross total / same: {f['ratio_cross_total_vs_same_p50']:.2f}x; "
+        f"cache hit total / same: {f['ratio_hit_total_vs_same_p50']:.2f}x"
+    )
+    r = result["resets"]
+    print(
+        f"resets per hour ({args.reset_profile}, pools of {r['pool_size_per_node']} per node, "
+        f"{r['workers']} workers, {args.reset_seconds:.0f} s a run):"
+    )
+    print(
+        f"  3 nodes: {r['cluster']['per_hour_p50']:.0f}; one node: "
+        f"{r['one_node']['per_hour_p50']:.0f}; ratio {r['ratio_cluster_vs_one_node']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""Handles on a cluster's sessions and checkpoints: each names its node and
+works from any Ray worker or driver (it pickles; its calls go to the node's
+actor), with the surface of `drums.AsyncSandbox` and `drums.AsyncCheckpoint`."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+import ray
+from drums._async._commands import DEFAULT_COMMAND_TIMEOUT_S
+from drums._async._sandbox import Policy
+from drums._errors import DrumsError, InvalidArgument
+from drums._types import CommandResult
+from drums.models import (
+    AgentMarked,
+    CoordinatedTurn,
+    DirEntry,
+    Session,
+    SessionStats,
+    SessionVersion,
+    TurnBegun,
+    TurnEffects,
+    Written,
+)
+from drums.models import Checkpoint as CheckpointInfo
+from drums.ray._node import Node, Received, Staged
+from drums.ray._placement import existing_node
+from drums.ray._refs import async_resolve
+
+
+@dataclass(frozen=True)
+class AsyncTransfer:
+    """A checkpoint sent to a node: the copy there, the archive's bytes that
+    moved (0 when the node had it in its cache), and the seconds the export
+    (on the sending node), the import (on the receiving one) and the whole
+    took."""
+
+    checkpoint: AsyncClusterCheckpoint
+    moved_bytes: int
+    export_seconds: float
+    import_seconds: float
+    seconds: float
+
+    @property
+    def cached(self) -> bool:
+        """The node had the checkpoint already: nothing moved."""
+        return self.moved_bytes == 0
+
+
+class AsyncClusterCommands:
+    """Commands in a cluster session (`sandbox.commands`)."""
+
+    def __init__(self, sandbox: AsyncClusterSandbox) -> None:
+        self._sb = sandbox
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT_S,
+        check: bool = False,
+    ) -> CommandResult:
+        """Run a command in the session and wait for its end
+        (`drums.AsyncCommands.run`; its output comes back whole)."""
+        kw: dict[str, Any] = {"cwd": cwd, "user": user, "timeout": timeout, "check": check}
+        if envs is not None:
+            kw["envs"] = dict(envs)
+        argv: str | list[str] = cmd if isinstance(cmd, str) else list(cmd)
+        result: CommandResult = await self._sb._call("commands.run", argv, **kw)
+        return result
+
+    async def kill(self, pid: int, *, signal: int = 9) -> bool:
+        """Send `signal` to process `pid` of the session."""
+        killed: bool = await self._sb._call("commands.kill", pid, signal=signal)
+        return killed
+
+
+class AsyncClusterFiles:
+    """Files in a cluster session (`sandbox.files`)."""
+
+    def __init__(self, sandbox: AsyncClusterSandbox) -> None:
+        self._sb = sandbox
+
+    @overload
+    async def read(self, path: str, format: Literal["text"] = "text") -> str: ...
+    @overload
+    async def read(self, path: str, format: Literal["bytes"]) -> bytes: ...
+    async def read(self, path: str, format: Literal["text", "bytes"] = "text") -> str | bytes:
+        """A file's contents, whole: text (UTF-8) or bytes."""
+        if format not in ("text", "bytes"):
+            raise ValueError(f"format must be 'text' or 'bytes', not {format!r}")
+        sb = self._sb
+        data: str | bytes = await async_resolve(
+            sb.node.actor.read_file.remote(sb.info, path, format == "bytes")
+        )
+        return data
+
+    async def write(
+        self, path: str, data: str | bytes, *, mode: int | str | None = None
+    ) -> Written:
+        """Write a file atomically."""
+        written: Written = await self._sb._call("files.write", path, data, mode=mode)
+        return written
+
+    async def list(self, path: str) -> builtins.list[DirEntry]:
+        """A directory's entries."""
+        entries: builtins.list[DirEntry] = await self._sb._call("files.list", path)
+        return entries
+
+    async def exists(self, path: str) -> bool:
+        """Whether the path exists in the session."""
+        found: bool = await self._sb._call("files.exists", path)
+        return found
+
+    async def remove(self, path: str) -> None:
+        """Remove a file or directory tree."""
+        await self._sb._call("files.remove", path)
+
+
+class AsyncClusterTurn:
+    """Agent turns of a cluster session (`sandbox.turn`)."""
+
+    def __init__(self, sandbox: AsyncClusterSandbox) -> None:
+        self._sb = sandbox
+
+    async def begin(self) -> TurnBegun:
+        """A turn begins."""
+        begun: TurnBegun = await self._sb._call("turn.begin")
+        return begun
+
+    async def end(
+        self,
+        *,
+        checkpoint: bool | None = None,
+        policy: Policy | None = None,
+        wait: bool | None = None,
+    ) -> TurnEffects:
+        """The open turn ends (`drums.AsyncTurn.end`)."""
+        fx: TurnEffects = await self._sb._call(
+            "turn.end", checkpoint=checkpoint, policy=policy, wait=wait
+        )
+        return fx
+
+
+class AsyncClusterSandbox:
+    """A session on one node of a drums cluster.
+
+    The same surface as `drums.AsyncSandbox` where a call makes sense across
+    processes (a command's output comes back whole, not streamed). `node`
+    says where it lives. It pickles: hand it to any Ray task or actor.
+    `async with` removes it on exit.
+    """
+
+    def __init__(self, info: Session, node: Node) -> None:
+        self._info = info
+        self.node = node
+        """The node the session lives on."""
+        self.commands = AsyncClusterCommands(self)
+        """Run commands in the session."""
+        self.files = AsyncClusterFiles(self)
+        """Read and write the session's files."""
+        self.turn = AsyncClusterTurn(self)
+        """Begin and end agent turns."""
+
+    def __repr__(self) -> str:
+        return f"<AsyncClusterSandbox id={self.id} name={self.name!r} node={self.node.id[:12]}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._info, self.node))
+
+    async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        return await async_resolve(self.node.actor.call.remote(self._info, op, args, kwargs))
+
+    @property
+    def id(self) -> str:
+        """The session's id (on its node)."""
+        return self._info.id
+
+    @property
+    def name(self) -> str:
+        """The session's name (on its node)."""
+        return self._info.name
+
+    @property
+    def info(self) -> Session:
+        """The session as its drumsd last described it."""
+        return self._info
+
+    async def refresh(self) -> Session:
+        """Ask the node's drumsd again; updates and returns `info`."""
+        self._info = await self._call("refresh")
+        return self._info
+
+    async def stats(self) -> SessionStats:
+        """What the session's cgroup accounts now."""
+        stats: SessionStats = await self._call("stats")
+        return stats
+
+    async def kill(self) -> bool:
+        """Remove the session; False if it was already gone."""
+        killed: bool = await self._call("kill")
+        return killed
+
+    async def __aenter__(self) -> AsyncClusterSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.kill()
+
+    async def checkpoint(
+        self, *, name: str | None = None, clean: bool = False, leave_running: bool = True
+    ) -> AsyncClusterCheckpoint:
+        """Checkpoint the session on its node (`drums.AsyncSandbox.checkpoint`)."""
+        info: CheckpointInfo = await self._call(
+            "checkpoint", name=name, clean=clean, leave_running=leave_running
+        )
+        return AsyncClusterCheckpoint(info, self.node)
+
+    async def fork(
+        self,
+        n: int = 1,
+        *,
+        at: str | int | None = None,
+        keep: bool = False,
+        name: str | None = None,
+    ) -> builtins.list[AsyncClusterSandbox]:
+        """`n` hygienic siblings on the session's node (`drums.AsyncSandbox.fork`);
+        `drums.ray.AsyncCluster.fork` spreads them over nodes."""
+        infos: builtins.list[Session] = await self._call("fork", n, at=at, keep=keep, name=name)
+        return [AsyncClusterSandbox(i, self.node) for i in infos]
+
+    async def migrate(self, to: str | Node) -> AsyncTransfer:
+        """Move the session to node `to` under this same handle: it is
+        checkpointed (processes and files, left running), the checkpoint is
+        sent to `to` and restored there under the session's name, and only
+        then is the original removed. Returns the checkpoint's transfer.
+
+        What the session does between the checkpoint and its removal is not
+        carried over: migrate between turns. If anything fails before the
+        restore is done, the original stays, untouched, and the error is
+        raised; the checkpoint goes either way. The session's id, address
+        and hostname are the new node's (its name stays).
+        """
+        dst = to if isinstance(to, Node) else existing_node(to)
+        if dst.id == self.node.id:
+            raise InvalidArgument(
+                f"session {self.name} is on node {dst.id[:12]} already", kind="bad_request"
+            )
+        ck = await self.checkpoint(leave_running=True)
+        try:
+            t = await ck.send(dst)
+            try:
+                (moved,) = await t.checkpoint.restore(name=self.name)
+            finally:
+                await t.checkpoint.remove()
+        finally:
+            await ck.remove()
+        await self.kill()
+        self._info, self.node = moved.info, moved.node
+        return t
+
+    async def versions(self) -> builtins.list[SessionVersion]:
+        """The session's versions, oldest first."""
+        vs: builtins.list[SessionVersion] = await self._call("versions")
+        return vs
+
+    async def rollback(self, to: str | int | None = None) -> Session:
+        """Continue from one of its done versions (`drums.AsyncSandbox.rollback`)."""
+        self._info = await self._call("rollback", to)
+        return self._info
+
+    async def recover(self) -> Session:
+        """Bring the session back from its newest done version."""
+        self._info = await self._call("recover")
+        return self._info
+
+    async def turns(self) -> builtins.list[CoordinatedTurn]:
+        """What the node's LLM proxy saw of the session."""
+        ts: builtins.list[CoordinatedTurn] = await self._call("turns")
+        return ts
+
+    async def mark_agent(self, pid: int) -> AgentMarked:
+        """Process `pid` of the session is an agent (`drums.AsyncSandbox.mark_agent`)."""
+        marked: AgentMarked = await self._call("mark_agent", pid)
+        return marked
+
+    async def screenshot(self, *, timeout: float = 30.0) -> bytes:
+        """A PNG of a desktop session's screen, taken on its node."""
+        png: bytes = await self._call("screenshot", timeout=timeout)
+        return png
+
+
+class AsyncClusterCheckpoint:
+    """A published checkpoint on one node of a drums cluster. It pickles.
+
+    `drums.ray.AsyncCluster.send` copies it to another node;
+    `AsyncCluster.fork` spreads its siblings over nodes."""
+
+    def __init__(self, info: CheckpointInfo, node: Node) -> None:
+        self._info = info
+        self.node = node
+        """The node it is on."""
+
+    def __repr__(self) -> str:
+        return f"<AsyncClusterCheckpoint id={self.id} name={self.name!r} node={self.node.id[:12]}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._info, self.node))
+
+    @property
+    def id(self) -> str:
+        """The checkpoint's id (on its node)."""
+        return self._info.id
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's name (on its node)."""
+        return self._info.name
+
+    @property
+    def info(self) -> CheckpointInfo:
+        """What its drumsd says of it."""
+        return self._info
+
+    async def restore(
+        self, count: int = 1, *, name: str | None = None
+    ) -> builtins.list[AsyncClusterSandbox]:
+        """`count` hygienic siblings on the checkpoint's node (`name` only
+        for `count == 1`)."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, not {count!r}")
+        infos: builtins.list[Session] = await async_resolve(
+            self.node.actor.restore.remote(self._info, count, name)
+        )
+        return [AsyncClusterSandbox(i, self.node) for i in infos]
+
+    async def send(self, to: str | Node) -> AsyncTransfer:
+        """Copy it to node `to` (its Ray node id), through Ray's object store
+        in chunks; the node restores it from its own store afterwards.
+        Nothing moves when `to` has it already (its cache, by the archive's
+        digest), or is its own node.
+
+        Raises `drums.Untrusted` when `to` does not trust this node's key,
+        `drums.InvalidArgument` when it cannot restore what it is sent
+        (another kernel, CPU or CRIU; limits or an image it lacks),
+        `TransferError` when the bytes stop coming; `to` then keeps nothing.
+        """
+        (t,) = await self.send_many([to])
+        return t
+
+    async def send_many(self, to: Sequence[str | Node]) -> builtins.list[AsyncTransfer]:
+        """`send` to several nodes, exporting the archive once."""
+        t0 = time.monotonic()
+        src = self.node
+        dsts = [n if isinstance(n, Node) else existing_node(n) for n in to]
+        done: dict[str, AsyncTransfer] = {}
+        for d in dsts:
+            if d.id == src.id:
+                done[d.id] = AsyncTransfer(self, 0, 0.0, 0.0, 0.0)
+        digest: str | None = await async_resolve(src.actor.digest_of.remote(self.id))
+        if digest is not None:
+            lookups = [(d, d.actor.lookup.remote(digest)) for d in dsts if d.id not in done]
+            for d, ref in lookups:
+                hit: CheckpointInfo | None = await async_resolve(ref)
+                if hit is not None:
+                    done[d.id] = AsyncTransfer(
+                        AsyncClusterCheckpoint(hit, d), 0, 0.0, 0.0, time.monotonic() - t0
+                    )
+        todo = [d for d in dsts if d.id not in done]
+        if todo:
+            staged: Staged = await async_resolve(src.actor.stage.remote(self.id))
+            refs = [(d, d.actor.receive.remote(staged)) for d in todo]
+            errors: builtins.list[BaseException] = []
+            for d, ref in refs:
+                try:
+                    rx: Received = await async_resolve(ref)
+                except (DrumsError, ray.exceptions.RayError) as e:
+                    errors.append(e)
+                    continue
+                done[d.id] = AsyncTransfer(
+                    AsyncClusterCheckpoint(rx.checkpoint, d),
+                    rx.moved_bytes,
+                    staged.seconds,
+                    rx.seconds,
+                    time.monotonic() - t0,
+                )
+            # The archive's objects go once no receiver holds them.
+            del staged, refs
+            if errors:
+                raise errors[0]
+        return [done[d.id] for d in dsts]
+
+    async def remove(self) -> bool:
+        """Remove it from its node; False if it was gone."""
+        removed: bool = await async_resolve(self.node.actor.remove_checkpoint.remote(self._info))
+        return removed

@@ -1,0 +1,301 @@
+# GENERATED from src/drums/ray/_async/_cluster.py by scripts/unasync.py: do not edit.
+"""`Cluster`: drums over the nodes of a Ray cluster.
+
+Each node that runs a drumsd gets a `DrumsNode` actor (detached, named after
+the node, pinned there by node affinity); the cluster finds them, places
+sessions by what each node can still take, moves checkpoints between them
+through Ray's object store, and spreads forks and warm pools over them.
+docs/cluster.md says why each piece is as it is.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import ray
+from drums._backends import Lock
+from drums._errors import DaemonUnavailable, DrumsError
+from drums.models import Capacity, Session
+from drums.ray._sync._pool import ClusterPool
+from drums.ray._sync._sandbox import ClusterCheckpoint, ClusterSandbox, Transfer
+from drums.ray._errors import NoCapacity, NodeLost
+from drums.ray._node import Node, NodeInfo
+from drums.ray._placement import (
+    INFO_TIMEOUT_S,
+    SNAPSHOT_TTL_S,
+    Placements,
+    Snapshot,
+    memory_needed,
+    node_actor,
+)
+from drums.ray._refs import resolve
+
+
+class Cluster:
+    """The drums nodes of a Ray cluster, as one.
+
+    Connects to Ray if this process has not (`ray.init(address=...)`, default
+    `"auto"`: the cluster `ray start` made on this machine). Every method
+    works from the driver or from any Ray task or actor.
+    """
+
+    def __init__(self, *, address: str | None = None) -> None:
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", log_to_driver=False)
+        self._nodes: dict[str, Node] = {}
+        self._placements = Placements()
+        self._snapshot: Snapshot[Node] | None = None
+        self._reading = Lock()
+        self._lock = threading.Lock()
+        self.unavailable: dict[str, str] = {}
+        """Ray nodes left out by the last discovery, and why (no drumsd answering)."""
+
+    # ---- nodes ------------------------------------------------------------------
+
+    def nodes(self) -> builtins.list[NodeInfo]:
+        """Find the cluster's drums nodes now: every alive Ray node whose
+        drumsd answers its node actor. Each comes with its capacity."""
+        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        asked = [(nid, node_actor(nid)) for nid in alive]
+        refs = [(nid, actor, actor.info.remote()) for nid, actor in asked]
+        found: builtins.list[NodeInfo] = []
+        nodes: dict[str, Node] = {}
+        unavailable: dict[str, str] = {}
+        for nid, actor, ref in refs:
+            try:
+                info: NodeInfo = resolve(ref, timeout=INFO_TIMEOUT_S)
+            except (DrumsError, ray.exceptions.RayError) as e:
+                unavailable[nid] = str(e)
+                if isinstance(e, DaemonUnavailable):
+                    # No drumsd there: no drums node, and no actor left behind.
+                    ray.kill(actor)
+                continue
+            found.append(info)
+            nodes[nid] = Node(nid, actor)
+        with self._lock:
+            self._nodes = nodes
+        self.unavailable = unavailable
+        return found
+
+    def node(self, node: str | Node) -> Node:
+        """The drums node `node` (its Ray node id), found if need be."""
+        nid = node.id if isinstance(node, Node) else node
+        if nid not in self._nodes:
+            self.nodes()
+        try:
+            return self._nodes[nid]
+        except KeyError:
+            why = self.unavailable.get(nid, "no such alive Ray node")
+            raise NodeLost(f"no drums node {nid}: {why}", kind="node_lost") from None
+
+    def _known(self) -> builtins.list[Node]:
+        if not self._nodes:
+            self.nodes()
+        if not self._nodes:
+            raise NoCapacity(
+                f"no drums node in the Ray cluster: {self.unavailable or 'no alive node'}",
+                kind="no_capacity",
+            )
+        return builtins.list(self._nodes.values())
+
+    def _capacities(self, nodes: Sequence[Node]) -> builtins.list[tuple[Node, str, Capacity]]:
+        """Each node's capacity now; a node that does not answer is left out
+        (and forgotten until the next discovery)."""
+        refs = [(n, n.actor.capacity.remote()) for n in nodes]
+        out: builtins.list[tuple[Node, str, Capacity]] = []
+        for n, ref in refs:
+            try:
+                out.append((n, n.id, resolve(ref, timeout=INFO_TIMEOUT_S)))
+            except (DrumsError, ray.exceptions.RayError) as e:
+                self.unavailable[n.id] = str(e)
+                with self._lock:
+                    self._nodes.pop(n.id, None)
+        return out
+
+    def _place(
+        self, memory: int | str | None, among: Sequence[Node] | None = None
+    ) -> tuple[Node, int]:
+        """The node with the most room for one more session, and the token
+        the caller hands `_placements.ended` once the session is made."""
+        nodes = self._known()
+        with self._reading:
+            snap = self._snapshot
+            if (
+                snap is None
+                or time.monotonic() - snap.taken > SNAPSHOT_TTL_S
+                or {nid for _, nid, _ in snap.caps} != {n.id for n in nodes}
+            ):
+                gen = self._placements.begin_reading()
+                caps = self._capacities(nodes)
+                snap = self._snapshot = Snapshot(gen, tuple(caps), time.monotonic())
+            ids = {n.id for n in among} if among is not None else None
+            return self._placements.choose(snap, lambda cap: memory_needed(memory, cap), ids)
+
+    # ---- sessions ---------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        node: str | Node | None = None,
+        image: str | None = None,
+        profile: Literal["headless", "desktop"] | None = None,
+        memory: int | str | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        disk: int | str | None = None,
+        egress: Literal["none", "nat"] | None = None,
+        network: Literal["bridge", "none"] | None = None,
+        name: str | None = None,
+        desktop_url: str | None = None,
+        screen: str | None = None,
+        run: bool | None = None,
+    ) -> ClusterSandbox:
+        """Create a session on `node`, or on the node with the most room for
+        it (`drums.Sandbox.create`'s arguments). Raises `NoCapacity`
+        when no node can take it."""
+        kwargs: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("image", image),
+                ("profile", profile),
+                ("memory", memory),
+                ("cpus", cpus),
+                ("pids", pids),
+                ("disk", disk),
+                ("egress", egress),
+                ("network", network),
+                ("name", name),
+                ("desktop_url", desktop_url),
+                ("screen", screen),
+                ("run", run),
+            )
+            if v is not None
+        }
+        if node is not None:
+            target = self.node(node)
+            token = self._placements.add(target.id)
+        else:
+            target, token = self._place(memory)
+        try:
+            info: Session = resolve(target.actor.create.remote(kwargs))
+        finally:
+            self._placements.ended(token)
+        return ClusterSandbox(info, target)
+
+    def sandboxes(self) -> builtins.list[ClusterSandbox]:
+        """Every session on every drums node."""
+        nodes = self._known()
+        refs = [(n, n.actor.sessions.remote()) for n in nodes]
+        out: builtins.list[ClusterSandbox] = []
+        for n, ref in refs:
+            infos: builtins.list[Session] = resolve(ref)
+            out.extend(ClusterSandbox(i, n) for i in infos)
+        return out
+
+    def connect(self, session: str, *, node: str | Node) -> ClusterSandbox:
+        """The session `session` (id or name) of node `node`."""
+        n = self.node(node)
+        info: Session = resolve(n.actor.session.remote(session))
+        return ClusterSandbox(info, n)
+
+    def checkpoint(self, checkpoint: str, *, node: str | Node) -> ClusterCheckpoint:
+        """The checkpoint `checkpoint` (id or name) of node `node`."""
+        n = self.node(node)
+        return ClusterCheckpoint(resolve(n.actor.checkpoint.remote(checkpoint)), n)
+
+    # ---- checkpoints that travel -----------------------------------------------------
+
+    def send(self, checkpoint: ClusterCheckpoint, to: str | Node) -> Transfer:
+        """Copy a checkpoint to node `to`, through Ray's object store in
+        chunks; the node restores it from its own store afterwards. Nothing
+        moves when `to` has it already (its cache, by the archive's digest).
+
+        Raises `drums.Untrusted` when `to` does not trust the sending node's
+        key, `drums.InvalidArgument` when it cannot restore what it is sent
+        (another kernel, CPU or CRIU; an image it lacks), `TransferError`
+        when the bytes stop coming; each time `to` keeps nothing.
+        """
+        (t,) = self.send_many(checkpoint, [to])
+        return t
+
+    def send_many(
+        self, checkpoint: ClusterCheckpoint, to: Sequence[str | Node]
+    ) -> builtins.list[Transfer]:
+        """`send` to several nodes, exporting the archive once."""
+        return checkpoint.send_many([self.node(n) for n in to])
+
+    # ---- warm pools over the cluster ---------------------------------------------------
+
+    def pool(
+        self,
+        checkpoint: ClusterCheckpoint,
+        *,
+        size: int,
+        nodes: Sequence[str | Node] | None = None,
+        name: str | None = None,
+    ) -> ClusterPool:
+        """Warm siblings of `checkpoint`, `size` on each of `nodes` (default:
+        every drums node); `with` makes and removes them, and `take()`
+        prefers the caller's node (`ClusterPool`)."""
+        among = [self.node(n) for n in nodes] if nodes is not None else self._known()
+        return ClusterPool(checkpoint, among, size=size, name=name)
+
+    # ---- forks over the cluster ------------------------------------------------------
+
+    def fork(
+        self,
+        checkpoint: ClusterCheckpoint,
+        count: int,
+        *,
+        nodes: Sequence[str | Node] | None = None,
+    ) -> builtins.list[ClusterSandbox]:
+        """`count` hygienic siblings of a checkpoint, spread over `nodes`
+        (default: every drums node) by room: the checkpoint is sent to each
+        node that gets one (a cache hit after the first time), then each node
+        restores its share concurrently. All or nothing: if any sibling
+        fails, the others are removed and the error is raised."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise TypeError(f"count must be a positive int, not {count!r}")
+        among = [self.node(n) for n in nodes] if nodes is not None else self._known()
+        share: dict[str, int] = {}
+        tokens: builtins.list[int] = []
+        try:
+            for _ in range(count):
+                n, token = self._place(None, among)
+                tokens.append(token)
+                share[n.id] = share.get(n.id, 0) + 1
+            targets = [n for n in among if n.id in share]
+            copies = {
+                t.checkpoint.node.id: t.checkpoint
+                for t in self.send_many(checkpoint, targets)
+            }
+            refs = [
+                (copies[nid], copies[nid].node.actor.restore.remote(copies[nid].info, k))
+                for nid, k in share.items()
+            ]
+            made: builtins.list[ClusterSandbox] = []
+            failure: BaseException | None = None
+            for ck, ref in refs:
+                try:
+                    infos: builtins.list[Session] = resolve(ref)
+                except (DrumsError, ray.exceptions.RayError) as e:
+                    failure = failure or e
+                    continue
+                made.extend(ClusterSandbox(i, ck.node) for i in infos)
+            if failure is not None:
+                for sb in made:
+                    with contextlib.suppress(DrumsError, ray.exceptions.RayError):
+                        sb.kill()
+                raise failure
+            return made
+        finally:
+            for token in tokens:
+                self._placements.ended(token)
+
+
+__all__ = ["Cluster", "Transfer"]

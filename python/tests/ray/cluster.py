@@ -1,0 +1,276 @@
+"""A real Ray cluster of several nodes on this one host, each with its own
+drumsd, for the tests and the bench (docs/cluster.md, "On one host").
+
+Each node is a `ray start` (the first `--head`) with its own ports, a custom
+resource naming it (`drums_node_<name>: 1`) and, in its environment, the
+socket of its own drumsd (`DRUMS_SOCKET`), which the node's actor and
+workers inherit. Each drumsd has its own state directory, store, bridge,
+subnet and cgroup parent (`tests.daemon.Daemon`). Everything listens on
+loopback or in the namespaces drumsd makes.
+
+`stop()` stops every Ray process of the cluster and every drumsd, and proves
+that nothing is left: no Ray process of the cluster's temp dir, no drumsd
+resource (`Daemon.stop_and_check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.daemon import Daemon
+
+_PY_BIN = Path(sys.executable).parent
+
+
+def ray_bin() -> Path:
+    """The `ray` of this Python's venv."""
+    return _PY_BIN / "ray"
+
+
+@dataclass
+class RayNode:
+    """One Ray node and its drumsd."""
+
+    name: str
+    daemon: Daemon
+    node_manager_port: int
+    object_manager_port: int
+    min_worker_port: int
+    max_worker_port: int
+    node_id: str = ""
+    # Its drumsd was SIGKILLed (kill_node): stop() starts it again on its
+    # state directory, whose sweep removes what the kill left, then stops it.
+    killed: bool = False
+
+    @property
+    def resource(self) -> str:
+        return f"drums_node_{self.name}"
+
+    def raylet_pids(self) -> list[int]:
+        """The node's raylet (found by its node manager port)."""
+        return _pids_with(f"--node_manager_port={self.node_manager_port}")
+
+
+def _pids_with(needle: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle.encode() in cmd:
+            out.append(int(p.name))
+    return out
+
+
+class RayCluster:
+    """N Ray nodes on this host, `a`, `b`, `c`..., each with its drumsd."""
+
+    def __init__(
+        self,
+        names: tuple[str, ...] = ("a", "b", "c"),
+        *,
+        k0: int,
+        object_store_bytes: int = 400 << 20,
+        store_gib: dict[str, int] | None = None,
+        daemon_args: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="drums-ray-"))
+        # Ports from the pid, apart from a developer's default cluster (6379).
+        base = 21000 + (os.getpid() % 150) * 200
+        self.gcs_port = base
+        self.object_store_bytes = object_store_bytes
+        self.nodes: dict[str, RayNode] = {}
+        for i, n in enumerate(names):
+            p = base + 10 + i * 60
+            d = Daemon(
+                k0 + i,
+                store_gib=(store_gib or {}).get(n, 4),
+                extra_args=(daemon_args or {}).get(n, ()),
+            )
+            self.nodes[n] = RayNode(n, d, p, p + 1, p + 10, p + 59)
+        self.address = f"127.0.0.1:{self.gcs_port}"
+
+    # ---- start --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Every drumsd, then every Ray node (head first); on a failure,
+        whatever started is stopped again."""
+        try:
+            for node in self.nodes.values():
+                node.daemon.start()
+            for i, node in enumerate(self.nodes.values()):
+                self._ray_start(node, head=i == 0)
+            import ray
+
+            # This process is the cluster's driver.
+            ray.init(address=self.address, log_to_driver=False)
+            self._learn_node_ids()
+        except BaseException:
+            self.stop(check=False)
+            raise
+
+    def env(self, node: RayNode | None = None) -> dict[str, str]:
+        """The environment of a Ray process here (a node, or the driver)."""
+        env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray's workers import drums from where this test imports it.
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
+        if node is not None:
+            env["DRUMS_SOCKET"] = str(node.daemon.socket)
+            env["DRUMS_NO_AUTOSTART"] = "1"
+        return env
+
+    def _ray_start(self, node: RayNode, *, head: bool) -> None:
+        args = [
+            str(ray_bin()),
+            "start",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            f"--resources={json.dumps({node.resource: 1})}",
+            f"--node-manager-port={node.node_manager_port}",
+            f"--object-manager-port={node.object_manager_port}",
+            f"--min-worker-port={node.min_worker_port}",
+            f"--max-worker-port={node.max_worker_port}",
+            f"--object-store-memory={self.object_store_bytes}",
+            "--disable-usage-stats",
+        ]
+        if head:
+            args += [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--temp-dir={self.temp_dir}",
+                "--include-dashboard=false",
+            ]
+        else:
+            args += [f"--address={self.address}"]
+        r = subprocess.run(args, env=self.env(node), capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"ray start for node {node.name} failed:\n{r.stdout}\n{r.stderr}")
+
+    def _learn_node_ids(self) -> None:
+        import ray
+
+        deadline = time.monotonic() + 60
+        while True:
+            ids = {}
+            for n in ray.nodes():  # type: ignore[no-untyped-call]
+                if not n.get("Alive"):
+                    continue
+                for node in self.nodes.values():
+                    if node.resource in n["Resources"]:
+                        ids[node.name] = n["NodeID"]
+            if len(ids) == len(self.nodes):
+                for name, nid in ids.items():
+                    self.nodes[name].node_id = nid
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {sorted(ids)} of the Ray nodes came up")
+            time.sleep(0.2)
+
+    # ---- trust ----------------------------------------------------------------
+
+    def trust(self, truster: str, trusted: str) -> None:
+        """`truster`'s drumsd accepts archives signed by `trusted`'s key (the
+        operator's step: `drums key show` there, a line in trusted-keys here)."""
+        import drums
+
+        with drums.Client(self.nodes[trusted].daemon.socket, autostart=False) as c:
+            line = c.host_key().trusted_keys_line
+        f = self.nodes[truster].daemon.state / "trusted-keys"
+        if not f.exists():
+            f.write_text("drums-trusted-keys 1\n")
+        with open(f, "a") as out:
+            out.write(line + "\n")
+
+    # ---- faults -----------------------------------------------------------------
+
+    def kill_node(self, name: str) -> None:
+        """The node is lost: `kill -9` of its raylet (and with it the node's
+        workers and actor) and its drumsd, then of its sessions' processes."""
+        node = self.nodes[name]
+        for pid in node.raylet_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        node.daemon.kill9()
+        node.killed = True
+        cg = node.daemon.cgroup_parent
+        for pid in _pids_in_cgroup(cg):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    # ---- stop -------------------------------------------------------------------
+
+    def ray_pids(self) -> list[int]:
+        """Every process of this cluster: its temp dir or its GCS address in
+        the command line, or one of its nodes' ports."""
+        pids = set(_pids_with(str(self.temp_dir))) | set(_pids_with(self.address))
+        for node in self.nodes.values():
+            pids |= set(node.raylet_pids())
+        pids.discard(os.getpid())
+        return sorted(pids)
+
+    def stop(self, *, check: bool = True) -> None:
+        """Stop Ray (every process of this cluster: SIGTERM, then SIGKILL),
+        then every drumsd, and prove that nothing is left: with `check`, by
+        raising; without (after a failed start), by saying so on stderr."""
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.shutdown()
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            for pid in self.ray_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while self.ray_pids() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        left = self.ray_pids()
+        errors = []
+        for node in self.nodes.values():
+            try:
+                if node.killed:
+                    node.daemon.start()
+                    node.killed = False
+                node.daemon.stop_and_check()
+            except Exception as e:
+                errors.append(f"node {node.name}: {e}")
+                node.daemon.kill9()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if left:
+            errors.append(f"Ray processes left: {left}")
+        if errors:
+            msg = "the Ray cluster left things behind:\n" + "\n".join(errors)
+            if check:
+                raise AssertionError(msg)
+            # Stopping after a failed start: the start's error is the one
+            # raised; this one is said.
+            print(msg, file=sys.stderr)
+
+
+def _pids_in_cgroup(parent: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cg = (p / "cgroup").read_text()
+        except OSError:
+            continue
+        if f"/{parent}/" in cg:
+            out.append(int(p.name))
+    return out
