@@ -267,6 +267,37 @@ pub struct Version {
     pub api: String,
     pub pid: u32,
     pub state_dir: String,
+    /// Where the LLM proxy listens on the host (`--llm-proxy-local`), if it
+    /// does: an agent outside a session calls `http://ADDR/s/SESSION/v1`.
+    #[serde(default)]
+    pub llm_proxy_local: Option<String>,
+}
+
+/// `PUT /v1/sessions/{session}/replication`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationRequest {
+    /// The longest an answer is held for a replica (default 30000).
+    pub timeout_ms: Option<u64>,
+}
+
+/// A session's replication gate: answers are held until the replica of
+/// their turn's version on another host is acknowledged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Replication {
+    pub session: String,
+    pub timeout_ms: u64,
+    /// Versions an answer waits on, oldest first, not yet acknowledged.
+    pub pending: Vec<String>,
+    pub last_acked: Option<String>,
+}
+
+/// `GET /v1/sessions/{session}/replication/next`: the oldest version an
+/// answer waits on; `POST .../replication/ack`: its replica is made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaVersion {
+    pub version: String,
 }
 
 /// `GET /v1/capacity`: what this host holds and may still take, for a
@@ -875,6 +906,14 @@ pub struct CoordinatedTurn {
     /// saw after the model's (0 in records older than the field).
     #[serde(default)]
     pub release_ms: f64,
+    /// How long the answer's end was held for the replica of its version
+    /// on another host, in ms (0 when the session has no replication gate).
+    #[serde(default)]
+    pub replica_ms: f64,
+    /// How that hold ended: `acked`, `timed_out` or `off` (the gate went
+    /// off); null when the session has no replication gate.
+    #[serde(default)]
+    pub replica: Option<String>,
     pub request_bytes: u64,
     pub response_bytes: u64,
     /// The client went away before the answer's end.

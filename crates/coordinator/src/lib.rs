@@ -20,6 +20,7 @@ mod budget;
 pub mod commands;
 mod limits;
 mod replay;
+pub mod replicas;
 mod sessions;
 mod sse;
 mod turns;
@@ -123,6 +124,12 @@ pub struct Coordinator<S: Sessions = Manager> {
     outside: std::sync::Mutex<std::collections::HashMap<String, bool>>,
     /// Bytes held per session (or address) of request and answer bodies.
     memory: budget::Budgets,
+    /// Per session: the answers held for a replica of their version on
+    /// another host (replicas.rs).
+    replicas: replicas::Replicas,
+    /// Where the proxy listens on the host, once bound (`GET /v1/version`
+    /// says it: a cluster points an agent outside at its session's node).
+    local_address: std::sync::OnceLock<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -311,6 +318,8 @@ impl<S: Sessions> Coordinator<S> {
             replays: Default::default(),
             limits,
             outside: Default::default(),
+            replicas: Default::default(),
+            local_address: Default::default(),
         }))
     }
 
@@ -332,6 +341,21 @@ impl<S: Sessions> Coordinator<S> {
             .iter()
             .filter_map(|r| serde_json::from_str(r).ok())
             .collect())
+    }
+
+    /// The proxy's host listener is bound at `at`.
+    pub fn listening_locally(&self, at: SocketAddr) {
+        let _ = self.local_address.set(at);
+    }
+
+    /// Where the proxy listens on the host, if it does.
+    pub fn local_address(&self) -> Option<SocketAddr> {
+        self.local_address.get().copied()
+    }
+
+    /// The replication gates (replicas.rs), by session id.
+    pub fn replicas(&self) -> &replicas::Replicas {
+        &self.replicas
     }
 
     /// Watch the coordinated sessions and recover the ones that fail
@@ -783,6 +807,8 @@ impl<S: Sessions> Coordinator<S> {
                 upstream_ms: 0.0,
                 held_ms: 0.0,
                 release_ms: 0.0,
+                replica_ms: 0.0,
+                replica: None,
                 request_bytes: b.request_bytes,
                 response_bytes: 0,
                 client_gone: false,
@@ -994,6 +1020,24 @@ impl<S: Sessions> Coordinator<S> {
                     p.record.error.get_or_insert(format!("version: {e}"));
                 }
                 p.record.version = j.version;
+            }
+        }
+        // A version also copied to another host holds the answer until its
+        // replica is acknowledged (or the gate's timeout).
+        if let (true, Some(v)) = (gate, p.record.version.clone()) {
+            let held = Instant::now();
+            let outcome = match self.replicas.wait(&p.session.id, &v).await {
+                replicas::Waited::Ungated => None,
+                replicas::Waited::Acked => Some("acked"),
+                replicas::Waited::Off => Some("off"),
+                replicas::Waited::TimedOut(t) => {
+                    warn!(session = %p.session.name, version = %v, "replica not acknowledged within {t:?}: the answer goes on");
+                    Some("timed_out")
+                }
+            };
+            if let Some(o) = outcome {
+                p.record.replica_ms = held.elapsed().as_secs_f64() * 1e3;
+                p.record.replica = Some(o.into());
             }
         }
         // An exchange whose turn end became a version is logged before the

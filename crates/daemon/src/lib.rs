@@ -12,6 +12,7 @@ pub mod ksm;
 pub mod lock;
 mod pools;
 mod reissue;
+mod replication;
 pub mod request_id;
 pub mod server;
 pub mod session_api;
@@ -164,7 +165,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         // Another drumsd (another state directory) may hold the address: this
         // one still serves everything else, and says so.
         match bounded::bind_local("llm proxy", at) {
-            Ok(l) => listeners.push((l, drums_coordinator::Listener::Local, PROXY_LOCAL_BOUNDS)),
+            Ok(l) => {
+                if let Ok(a) = l.local_addr() {
+                    coordinator.listening_locally(a);
+                }
+                listeners.push((l, drums_coordinator::Listener::Local, PROXY_LOCAL_BOUNDS))
+            }
             Err(e) => warn!("llm proxy: not listening on {at}: {}", error_chain(&e)),
         }
     }

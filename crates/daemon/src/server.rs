@@ -73,6 +73,31 @@ fn table() -> Vec<Route> {
             coordinated_turns,
         ),
         route(M::GET, "/v1/sessions/{session}/versions", versions),
+        route(
+            M::PUT,
+            "/v1/sessions/{session}/replication",
+            crate::replication::on,
+        ),
+        route(
+            M::GET,
+            "/v1/sessions/{session}/replication",
+            crate::replication::show,
+        ),
+        route(
+            M::DELETE,
+            "/v1/sessions/{session}/replication",
+            crate::replication::off,
+        ),
+        route(
+            M::GET,
+            "/v1/sessions/{session}/replication/next",
+            crate::replication::next,
+        ),
+        route(
+            M::POST,
+            "/v1/sessions/{session}/replication/ack",
+            crate::replication::ack,
+        ),
         route(M::POST, "/v1/sessions/{session}/rollback", rollback),
         route(M::POST, "/v1/sessions/{session}/recover", recover),
         route(M::GET, "/v1/jobs/{job}", job),
@@ -166,12 +191,16 @@ async fn openapi() -> impl IntoResponse {
     )
 }
 
-async fn version(State(m): State<AppState>) -> Json<Version> {
+async fn version(
+    State(m): State<AppState>,
+    axum::Extension(c): axum::Extension<Arc<drums_coordinator::Coordinator>>,
+) -> Json<Version> {
     Json(Version {
         version: env!("CARGO_PKG_VERSION").into(),
         api: "v1".into(),
         pid: std::process::id(),
         state_dir: m.config().state_dir.display().to_string(),
+        llm_proxy_local: c.local_address().map(|a| a.to_string()),
     })
 }
 

@@ -39,6 +39,8 @@ __all__ = [
     "Pool",
     "PoolList",
     "ProcessEffect",
+    "ReplicaVersion",
+    "Replication",
     "RestoreResult",
     "Session",
     "SessionList",
@@ -61,6 +63,7 @@ class Version:
     api: str
     pid: int
     state_dir: str
+    llm_proxy_local: str | None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,25 @@ class HostKey:
 
     key: str
     trusted_keys_line: str
+
+
+@dataclass(frozen=True)
+class Replication:
+    """A session's replication gate (`sandbox.replication`): model answers
+    are held until the replica of their version on another host is
+    acknowledged."""
+
+    session: str
+    timeout_ms: int
+    pending: tuple[str, ...]
+    last_acked: str | None
+
+
+@dataclass(frozen=True)
+class ReplicaVersion:
+    """A version waiting for its replica, or one whose replica is made."""
+
+    version: str
 
 
 @dataclass(frozen=True)
@@ -286,6 +308,8 @@ class CoordinatedTurn:
     upstream_ms: float
     held_ms: float
     release_ms: float
+    replica_ms: float
+    replica: str | None
     request_bytes: int
     response_bytes: int
     client_gone: bool

@@ -201,3 +201,29 @@ async def test_daemon_calls(async_client: drums.AsyncClient, daemon: object) -> 
         await async_client.debug.set_fault(None)
     async with await drums.AsyncSandbox.create(client=async_client):
         pass
+
+
+@pytest.mark.anyio
+async def test_the_replication_gate(async_client: drums.AsyncClient) -> None:
+    async with await drums.AsyncSandbox.create(client=async_client) as sb:
+        with pytest.raises(drums.NotFound):
+            await sb.replication.state()
+        g = await sb.replication.on(timeout=5)
+        assert (g.session, g.timeout_ms, g.pending, g.last_acked) == (sb.id, 5000, (), None)
+        assert (await sb.replication.on(timeout=2.5)).timeout_ms == 2500
+        # No answer waits on a version: nothing to copy.
+        assert await sb.replication.next(wait=0.05) is None
+        await sb.turn.begin()
+        fx = await sb.turn.end(checkpoint=True, policy="full", wait=True)
+        assert fx.checkpoint is not None and fx.checkpoint.version is not None
+        v = fx.checkpoint.version.id
+        await sb.replication.ack(v)
+        assert (await sb.replication.state()).last_acked == v
+        with pytest.raises(drums.NotFound):
+            await sb.replication.ack("not-a-version")
+        with pytest.raises(drums.InvalidArgument):
+            await sb.replication.on(timeout=601)
+        assert await sb.replication.off()
+        assert not await sb.replication.off()
+        with pytest.raises(drums.NotFound):
+            await sb.replication.next()

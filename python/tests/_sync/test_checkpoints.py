@@ -199,3 +199,28 @@ def test_daemon_calls(client: drums.Client, daemon: object) -> None:
         client.debug.set_fault(None)
     with drums.Sandbox.create(client=client):
         pass
+
+
+def test_the_replication_gate(client: drums.Client) -> None:
+    with drums.Sandbox.create(client=client) as sb:
+        with pytest.raises(drums.NotFound):
+            sb.replication.state()
+        g = sb.replication.on(timeout=5)
+        assert (g.session, g.timeout_ms, g.pending, g.last_acked) == (sb.id, 5000, (), None)
+        assert (sb.replication.on(timeout=2.5)).timeout_ms == 2500
+        # No answer waits on a version: nothing to copy.
+        assert sb.replication.next(wait=0.05) is None
+        sb.turn.begin()
+        fx = sb.turn.end(checkpoint=True, policy="full", wait=True)
+        assert fx.checkpoint is not None and fx.checkpoint.version is not None
+        v = fx.checkpoint.version.id
+        sb.replication.ack(v)
+        assert (sb.replication.state()).last_acked == v
+        with pytest.raises(drums.NotFound):
+            sb.replication.ack("not-a-version")
+        with pytest.raises(drums.InvalidArgument):
+            sb.replication.on(timeout=601)
+        assert sb.replication.off()
+        assert not sb.replication.off()
+        with pytest.raises(drums.NotFound):
+            sb.replication.next()

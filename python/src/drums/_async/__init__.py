@@ -7,7 +7,13 @@ from drums._async._files import AsyncFiles, AsyncFileStream
 from drums._async._images import AsyncImages
 from drums._async._jobs import AsyncJobs
 from drums._async._pools import AsyncPool, AsyncPools
-from drums._async._sandbox import AsyncSandbox, AsyncSandboxes, AsyncTurn, AsyncTurnStream
+from drums._async._sandbox import (
+    AsyncReplicas,
+    AsyncSandbox,
+    AsyncSandboxes,
+    AsyncTurn,
+    AsyncTurnStream,
+)
 
 __all__ = [
     "AsyncCheckpoint",
@@ -22,6 +28,7 @@ __all__ = [
     "AsyncJobs",
     "AsyncPool",
     "AsyncPools",
+    "AsyncReplicas",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncTurn",

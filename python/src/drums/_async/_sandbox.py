@@ -19,6 +19,8 @@ from drums.models import (
     AgentMarked,
     CoordinatedTurn,
     CoordinatedTurns,
+    Replication,
+    ReplicaVersion,
     RestoreResult,
     Session,
     SessionList,
@@ -142,6 +144,59 @@ class AsyncTurn:
         )
 
 
+class AsyncReplicas:
+    """A session's replication gate (`sandbox.replication`): while it is on,
+    the end of each model answer through drumsd's LLM proxy is held until
+    the replica of the turn's version on another host is acknowledged, at
+    most the gate's timeout. `drums.ray` is the copier: it turns the gate
+    on, copies each version `next()` names, and `ack()`s it
+    (docs/cluster.md)."""
+
+    def __init__(self, client: AsyncClient, base: str) -> None:
+        self._client = client
+        self._base = f"{base}/replication"
+
+    async def on(self, *, timeout: float | None = None) -> Replication:
+        """Turn the gate on (or change its timeout, in seconds; default 30)."""
+        body: dict[str, Any] = {}
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+                raise TypeError(f"timeout must be a positive number of seconds, not {timeout!r}")
+            body["timeout_ms"] = max(1, round(timeout * 1000))
+        return await self._client._call_json(Replication, "PUT", self._base, body=body)
+
+    async def state(self) -> Replication:
+        """The gate; `NotFound` if it is off."""
+        return await self._client._get_json(Replication, self._base)
+
+    async def off(self) -> bool:
+        """Turn the gate off (every held answer goes on); False if it was off."""
+        try:
+            await self._client._request("DELETE", self._base)
+        except NotFound:
+            return False
+        return True
+
+    async def next(self, *, wait: float = 0.0) -> str | None:
+        """The oldest version an answer waits on for its replica, waiting up
+        to `wait` seconds (at most 60) for one; None if none came."""
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise TypeError(f"wait must be a non-negative number of seconds, not {wait!r}")
+        ms = round(min(wait, 60.0) * 1000)
+        r = await self._client._request(
+            "GET", f"{self._base}/next", params={"wait_ms": str(ms)}, timeout=ms / 1000 + 30
+        )
+        if r.status_code == 204:
+            return None
+        return _parse.parse(ReplicaVersion, r.json()).version
+
+    async def ack(self, version: str) -> None:
+        """The replica of `version` (an id of this session's) is made."""
+        if not isinstance(version, str):
+            raise TypeError(f"version must be a str, not {type(version).__name__}")
+        await self._client._request("POST", f"{self._base}/ack", json={"version": version})
+
+
 class AsyncSandbox:
     """A drums session: an isolated Linux sandbox with its own root, network
     and limits, that can be checkpointed, forked, rolled back and recovered.
@@ -160,6 +215,8 @@ class AsyncSandbox:
         """Read and write the session's files."""
         self.turn: AsyncTurn = AsyncTurn(client, self._base)
         """Begin and end agent turns."""
+        self.replication: AsyncReplicas = AsyncReplicas(client, self._base)
+        """Its replication gate (drums.ray's sessions that survive their node)."""
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox id={self.id} name={self.name!r}>"

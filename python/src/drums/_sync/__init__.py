@@ -8,7 +8,13 @@ from drums._sync._files import Files, FileStream
 from drums._sync._images import Images
 from drums._sync._jobs import Jobs
 from drums._sync._pools import Pool, Pools
-from drums._sync._sandbox import Sandbox, Sandboxes, Turn, TurnStream
+from drums._sync._sandbox import (
+    Replicas,
+    Sandbox,
+    Sandboxes,
+    Turn,
+    TurnStream,
+)
 
 __all__ = [
     "Checkpoint",
@@ -23,6 +29,7 @@ __all__ = [
     "Jobs",
     "Pool",
     "Pools",
+    "Replicas",
     "Sandbox",
     "Sandboxes",
     "Turn",
