@@ -297,10 +297,11 @@ fi
 # ---- Ray, for drums.ray (scripts/python-test.sh) -------------------------------
 # Ray from PyPI, pinned, in a venv of its own (its tree is large and must not
 # leak into the SDK's gates), with the test tools at the SDK venv's pins.
+# openai is the SDK the failover test's agent calls its model with.
 # The tests start their own 3-node cluster on loopback (python/tests/ray);
 # usage stats are off there (RAY_USAGE_STATS_ENABLED=0). Same marker scheme
 # as the venvs above.
-ray_pins="ray==2.60.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113"
+ray_pins="ray==2.60.0 openai==3.57.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113"
 ray_venv=$cache/ray
 ray_marker="$ray_venv/.drums-ready-$(echo "$ray_pins" | tr ' =' '_-')"
 if [ ! -e "$ray_marker" ]; then

@@ -26,10 +26,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.daemon import Daemon
 
 _PY_BIN = Path(sys.executable).parent
+# Every node and the driver on a loopback address. Not 127.0.0.1: Ray turns
+# "127.0.0.1" (and "localhost") into the host's own address, for nodes on
+# other hosts to reach; the rest of 127.0.0.0/8 it takes as given.
+LOOPBACK = "127.0.0.2"
 
 
 def ray_bin() -> Path:
@@ -86,6 +91,7 @@ class RayCluster:
         object_store_bytes: int = 400 << 20,
         store_gib: dict[str, int] | None = None,
         daemon_args: dict[str, tuple[str, ...]] | None = None,
+        llm_upstream: str | None = None,
     ) -> None:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="drums-ray-"))
         # Ports from the pid, apart from a developer's default cluster (6379).
@@ -95,13 +101,21 @@ class RayCluster:
         self.nodes: dict[str, RayNode] = {}
         for i, n in enumerate(names):
             p = base + 10 + i * 60
+            extra = (daemon_args or {}).get(n, ())
+            if llm_upstream is not None:
+                # Each node's LLM proxy on its own loopback port, to one
+                # upstream: an agent outside calls its session's node.
+                extra = (*extra, "--llm-upstream", f"openai={llm_upstream}")
             d = Daemon(
                 k0 + i,
                 store_gib=(store_gib or {}).get(n, 4),
-                extra_args=(daemon_args or {}).get(n, ()),
+                extra_args=extra,
+                llm_proxy_local=f"127.0.0.1:{p + 2}" if llm_upstream is not None else "off",
             )
             self.nodes[n] = RayNode(n, d, p, p + 1, p + 10, p + 59)
-        self.address = f"127.0.0.1:{self.gcs_port}"
+        self.address = f"{LOOPBACK}:{self.gcs_port}"
+        self.llm: Any = None
+        """The tests' mock upstream, when they run one."""
 
     # ---- start --------------------------------------------------------------
 
@@ -115,8 +129,8 @@ class RayCluster:
                 self._ray_start(node, head=i == 0)
             import ray
 
-            # This process is the cluster's driver.
-            ray.init(address=self.address, log_to_driver=False)
+            # This process is the cluster's driver, on loopback too.
+            ray.init(address=self.address, _node_ip_address=LOOPBACK, log_to_driver=False)
             self._learn_node_ids()
         except BaseException:
             self.stop(check=False)
@@ -127,6 +141,11 @@ class RayCluster:
         env = {
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # A node whose raylet is killed is known dead within about a
+            # second, not Ray's default 15 s (read by the head's GCS).
+            "RAY_health_check_period_ms": "300",
+            "RAY_health_check_timeout_ms": "300",
+            "RAY_health_check_failure_threshold": "3",
             # Ray's workers import drums from where this test imports it.
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
@@ -139,7 +158,7 @@ class RayCluster:
         args = [
             str(ray_bin()),
             "start",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={LOOPBACK}",
             "--num-cpus=1",
             f"--resources={json.dumps({node.resource: 1})}",
             f"--node-manager-port={node.node_manager_port}",
@@ -147,6 +166,11 @@ class RayCluster:
             f"--min-worker-port={node.min_worker_port}",
             f"--max-worker-port={node.max_worker_port}",
             f"--object-store-memory={self.object_store_bytes}",
+            # The agents' ports too, each node its own (the defaults clash).
+            f"--dashboard-agent-listen-port={node.node_manager_port + 3}",
+            f"--dashboard-agent-grpc-port={node.node_manager_port + 4}",
+            f"--metrics-export-port={node.node_manager_port + 5}",
+            f"--runtime-env-agent-port={node.node_manager_port + 6}",
             "--disable-usage-stats",
         ]
         if head:

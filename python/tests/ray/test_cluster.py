@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -387,3 +389,32 @@ def test_a_cluster_pool_keeps_warm_siblings_on_every_node(cluster: RayCluster) -
                 assert cl.pools.list() == []
     finally:
         _remove_checkpoints(cluster)
+
+
+def test_the_gate_holds_an_answer_until_its_timeout_or_until_it_goes_off(
+    cluster: RayCluster,
+) -> None:
+    import openai
+
+    c = drums.ray.Cluster()
+    cluster.llm.script("gated", ["touch /root/x"] * 10)
+    with c.create(node=cluster.nodes["a"].node_id) as sb, _client(cluster, "a") as cl:
+        local = drums.Sandbox.connect(sb.id, client=cl)
+        local.replication.on(timeout=1.0)
+        model = openai.OpenAI(base_url=sb.llm_base_url(), api_key="none", max_retries=0)
+        try:
+            msgs: list[Any] = [{"role": "user", "content": "go"}]
+            # No copier: the base version's answer waits the whole timeout.
+            model.chat.completions.create(model="gated", messages=msgs)
+            sb.commands.run("touch /root/y")
+            # The gate goes off while an answer waits: it goes on at once.
+            t = threading.Timer(0.3, local.replication.off)
+            t.start()
+            model.chat.completions.create(model="gated", messages=msgs)
+            t.join()
+        finally:
+            model.close()
+        first, second = sb.turns()
+        assert (first.replica, second.replica) == ("timed_out", "off")
+        assert first.replica_ms >= 1000 > second.replica_ms >= 200
+        assert first.version is not None and second.version is not None

@@ -31,6 +31,7 @@ from drums.ray._async import (
     AsyncTransfer,
 )
 from drums.ray._errors import NoCapacity, NodeLost, TransferError
+from drums.ray._guard import GUARD_NAME, ClusterGuard, Failover
 from drums.ray._node import CHUNK, NAMESPACE, DrumsNode, Node, NodeInfo, actor_name, cache_name
 from drums.ray._sync import (
     Cluster,
@@ -45,6 +46,7 @@ from drums.ray._sync import (
 
 __all__ = [
     "CHUNK",
+    "GUARD_NAME",
     "NAMESPACE",
     "AsyncCluster",
     "AsyncClusterCheckpoint",
@@ -58,10 +60,12 @@ __all__ = [
     "ClusterCheckpoint",
     "ClusterCommands",
     "ClusterFiles",
+    "ClusterGuard",
     "ClusterPool",
     "ClusterSandbox",
     "ClusterTurn",
     "DrumsNode",
+    "Failover",
     "NoCapacity",
     "Node",
     "NodeInfo",

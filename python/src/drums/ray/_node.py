@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +37,8 @@ from drums.ray._errors import TransferError
 
 NAMESPACE = "drums"
 """The Ray namespace the node actors are named in."""
+
+log = logging.getLogger("drums.ray")
 
 CHUNK = 8 << 20
 """Bytes of a checkpoint archive per object in Ray's object store: a
@@ -130,6 +133,7 @@ SESSION_OPS: dict[str, Callable[[AsyncSandbox], _SessionOp]] = {
     "turn.end": lambda sb: sb.turn.end,
     "commands.run": lambda sb: sb.commands.run,
     "commands.kill": lambda sb: sb.commands.kill,
+    "files.read": lambda sb: sb.files.read,
     "files.write": lambda sb: sb.files.write,
     "files.list": lambda sb: sb.files.list,
     "files.exists": lambda sb: sb.files.exists,
@@ -164,6 +168,9 @@ class DrumsNode:
         # the first export and a second transfer can be a cache hit.
         self._digests: dict[str, str] = {}
         self._receiving: dict[str, asyncio.Lock] = {}
+        # The copier of each replicated session of this node, by session id.
+        self._copiers: dict[str, asyncio.Task[None]] = {}
+        self._replicated: list[tuple[str, int, float]] = []
 
     # ---- the node -------------------------------------------------------------
 
@@ -215,12 +222,75 @@ class DrumsNode:
         sb = AsyncSandbox(session, client=self._client)
         return _plain(await get(sb)(*args, **kwargs))
 
-    async def read_file(self, session: Session, path: str, binary: bool) -> str | bytes:
-        """A session's file, whole (text or bytes)."""
+    async def llm_base_url(self, session: Session) -> str:
+        """The OpenAI-style base URL of the session on this node's LLM proxy
+        (for an agent outside it); `DrumsError` when the proxy does not
+        listen on the host (`drumsd --llm-proxy-local off`)."""
+        at = (await self._client.version()).llm_proxy_local
+        if at is None:
+            raise DrumsError(
+                "this node's drumsd has no LLM proxy on the host (--llm-proxy-local off)",
+                kind="no_llm_proxy",
+            )
+        return f"http://{at}/s/{session.name}/v1"
+
+    async def ping(self) -> None:
+        """Whether the node answers: its actor, then its drumsd."""
+        await self._client.version()
+
+    # ---- replication (the copier) ---------------------------------------------
+
+    async def replicate(
+        self, session: Session, replica: Node, guard: Any, key: str, timeout: float
+    ) -> None:
+        """Copy every durable version of the session to `replica` before the
+        answer of its turn is released: turn the session's replication gate
+        on, then, in the background, take each version the gate names,
+        send it, tell the guard, and acknowledge it."""
         sb = AsyncSandbox(session, client=self._client)
-        if binary:
-            return await sb.files.read(path, "bytes")
-        return await sb.files.read(path)
+        await sb.replication.on(timeout=timeout)
+        old = self._copiers.pop(session.id, None)
+        if old is not None:
+            old.cancel()
+        self._copiers[session.id] = asyncio.get_running_loop().create_task(
+            self._copy(sb, replica, guard, key)
+        )
+
+    async def _copy(self, sb: AsyncSandbox, replica: Node, guard: Any, key: str) -> None:
+        from drums.ray._refs import async_resolve
+
+        failed: str | None = None
+        while True:
+            try:
+                version = await sb.replication.next(wait=5.0)
+            except NotFound:
+                return  # the session or its gate is gone
+            except DrumsError as e:
+                log.warning("replication of %s: %s", sb.name, e)
+                await asyncio.sleep(0.5)
+                continue
+            if version is None:
+                continue
+            if version == failed:
+                # Still waiting on one that failed: its hold times out and
+                # drops it; the next version tries again.
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                t0 = time.monotonic()
+                staged = await self.stage(version)
+                rx: Received = await async_resolve(replica.actor.receive.remote(staged))
+                await async_resolve(guard.replicated.remote(key, version, rx.checkpoint))
+                await sb.replication.ack(version)
+                self._replicated.append((version, staged.size, time.monotonic() - t0))
+                failed = None
+            except (DrumsError, ray.exceptions.RayError) as e:
+                log.warning("replication of %s, version %s: %s", sb.name, version, e)
+                failed = version
+
+    async def replicated(self) -> list[tuple[str, int, float]]:
+        """The versions this node copied: id, archive bytes, seconds."""
+        return list(self._replicated)
 
     # ---- checkpoints --------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from drums.models import Capacity, Session
 from drums.ray._sync._pool import ClusterPool
 from drums.ray._sync._sandbox import ClusterCheckpoint, ClusterSandbox, Transfer
 from drums.ray._errors import NoCapacity, NodeLost
+from drums.ray._guard import Failover, guard
 from drums.ray._node import Node, NodeInfo
 from drums.ray._placement import (
     INFO_TIMEOUT_S,
@@ -154,10 +155,20 @@ class Cluster:
         desktop_url: str | None = None,
         screen: str | None = None,
         run: bool | None = None,
+        replicate: bool = False,
+        replica: str | Node | None = None,
+        replica_timeout: float = 30.0,
     ) -> ClusterSandbox:
         """Create a session on `node`, or on the node with the most room for
         it (`drums.Sandbox.create`'s arguments). Raises `NoCapacity`
-        when no node can take it."""
+        when no node can take it.
+
+        With `replicate`, it survives the loss of its node: each durable
+        version of it (an agent's turn through the node's LLM proxy) is
+        copied to a second node before the turn's answer is released (held
+        at most `replica_timeout` seconds), and when its node is lost it
+        resumes there, its handles with it (docs/cluster.md). The second
+        node is `replica`, or the one with the most room."""
         kwargs: dict[str, Any] = {
             k: v
             for k, v in (
@@ -185,7 +196,33 @@ class Cluster:
             info: Session = resolve(target.actor.create.remote(kwargs))
         finally:
             self._placements.ended(token)
-        return ClusterSandbox(info, target)
+        if not replicate:
+            return ClusterSandbox(info, target)
+        try:
+            if replica is not None:
+                second = self.node(replica)
+            else:
+                others = [n for n in self._known() if n.id != target.id]
+                if not others:
+                    raise NoCapacity(
+                        "replicate=True needs a second drums node for the replicas",
+                        kind="no_capacity",
+                    )
+                second, rtoken = self._place(None, others)
+                self._placements.ended(rtoken)
+            g = guard()
+            key: str = resolve(g.register.remote(info, target, second, replica_timeout))
+        except BaseException:
+            resolve(target.actor.call.remote(info, "kill", (), {}))
+            raise
+        return ClusterSandbox(info, target, guard=g, key=key)
+
+    def failovers(self) -> builtins.list[Failover]:
+        """Every resumption of a replicated session after its node was lost,
+        oldest first: which node, where to, from which version, how many of
+        its handles' operations were done again, and when."""
+        found: builtins.list[Failover] = resolve(guard().failovers.remote())
+        return found
 
     def sandboxes(self) -> builtins.list[ClusterSandbox]:
         """Every session on every drums node."""

@@ -6,6 +6,7 @@ actor), with the surface of `drums.Sandbox` and `drums.Checkpoint`."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any, Literal, overload
 import ray
 from drums._sync._commands import DEFAULT_COMMAND_TIMEOUT_S
 from drums._sync._sandbox import Policy
-from drums._errors import DrumsError, InvalidArgument
+from drums._errors import DaemonUnavailable, DrumsError, InvalidArgument
 from drums._types import CommandResult
 from drums.models import (
     AgentMarked,
@@ -28,6 +29,8 @@ from drums.models import (
     Written,
 )
 from drums.models import Checkpoint as CheckpointInfo
+from drums.ray._errors import NodeLost
+from drums.ray._guard import Placement
 from drums.ray._node import Node, Received, Staged
 from drums.ray._placement import existing_node
 from drums.ray._refs import resolve
@@ -50,6 +53,14 @@ class Transfer:
     def cached(self) -> bool:
         """The node had the checkpoint already: nothing moved."""
         return self.moved_bytes == 0
+
+
+# What changes a replicated session, logged with the guard to be done again
+# after a resumption elsewhere.
+LOGGED_OPS = frozenset({"commands.run", "commands.kill", "files.write", "files.remove"})
+# How long a handle whose node failed waits for the guard to say whether it
+# is lost (two missed probes, then the resumption).
+FAILOVER_WAIT_S = 60.0
 
 
 class ClusterCommands:
@@ -97,10 +108,7 @@ class ClusterFiles:
         """A file's contents, whole: text (UTF-8) or bytes."""
         if format not in ("text", "bytes"):
             raise ValueError(f"format must be 'text' or 'bytes', not {format!r}")
-        sb = self._sb
-        data: str | bytes = resolve(
-            sb.node.actor.read_file.remote(sb.info, path, format == "bytes")
-        )
+        data: str | bytes = self._sb._call("files.read", path, format)
         return data
 
     def write(
@@ -159,10 +167,22 @@ class ClusterSandbox:
     `with` removes it on exit.
     """
 
-    def __init__(self, info: Session, node: Node) -> None:
+    def __init__(
+        self,
+        info: Session,
+        node: Node,
+        *,
+        guard: Any = None,
+        key: str | None = None,
+        epoch: int = 0,
+    ) -> None:
         self._info = info
         self.node = node
-        """The node the session lives on."""
+        """The node the session lives on (another after its node was lost,
+        for a replicated session)."""
+        self._guard = guard
+        self._key = key
+        self._epoch = epoch
         self.commands = ClusterCommands(self)
         """Run commands in the session."""
         self.files = ClusterFiles(self)
@@ -174,10 +194,53 @@ class ClusterSandbox:
         return f"<ClusterSandbox id={self.id} name={self.name!r} node={self.node.id[:12]}>"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self._info, self.node))
+        return (
+            _rebuild_sandbox,
+            (type(self), self._info, self.node, self._guard, self._key, self._epoch),
+        )
+
+    @property
+    def replicated(self) -> bool:
+        """Its versions go to a second node, and it survives the loss of its own."""
+        return self._key is not None
+
+    def _adopt(self, p: Placement) -> None:
+        self._info, self.node, self._epoch = p.session, p.node, p.epoch
 
     def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        return resolve(self.node.actor.call.remote(self._info, op, args, kwargs))
+        if self._key is None:
+            return resolve(self.node.actor.call.remote(self._info, op, args, kwargs))
+        # A replicated session: what changes it is logged with the guard
+        # first, so that a resumption elsewhere can do it again; a call its
+        # lost node never answered is sent once more where it went on.
+        seq: int | None = None
+        if op in LOGGED_OPS:
+            seq, p = resolve(self._guard.begin.remote(self._key, op, args, kwargs))
+        else:
+            p = resolve(self._guard.where.remote(self._key))
+        self._adopt(p)
+        try:
+            result = resolve(self.node.actor.call.remote(self._info, op, args, kwargs))
+        except (NodeLost, DaemonUnavailable, ray.exceptions.RayError):
+            moved: Placement = resolve(
+                self._guard.failed.remote(self._key, p.epoch, FAILOVER_WAIT_S)
+            )
+            if moved.epoch == p.epoch:
+                raise
+            self._adopt(moved)
+            result = resolve(self.node.actor.call.remote(self._info, op, args, kwargs))
+        if seq is not None:
+            resolve(self._guard.end.remote(self._key, seq))
+        return result
+
+    def llm_base_url(self) -> str:
+        """Where an agent outside the session sends its model calls
+        (OpenAI-style; the node's LLM proxy, `/s/NAME/v1`). It changes when a
+        replicated session moves: ask again after a call fails."""
+        if self._key is not None:
+            self._adopt(resolve(self._guard.where.remote(self._key)))
+        url: str = resolve(self.node.actor.llm_base_url.remote(self._info))
+        return url
 
     @property
     def id(self) -> str:
@@ -205,8 +268,13 @@ class ClusterSandbox:
         return stats
 
     def kill(self) -> bool:
-        """Remove the session; False if it was already gone."""
-        killed: bool = self._call("kill")
+        """Remove the session; False if it was already gone (a replicated
+        one also leaves the guard, and its replica goes)."""
+        if self._key is not None:
+            with contextlib.suppress(NodeLost):
+                self._adopt(resolve(self._guard.where.remote(self._key)))
+            resolve(self._guard.unregister.remote(self._key))
+        killed: bool = resolve(self.node.actor.call.remote(self._info, "kill", (), {}))
         return killed
 
     def __enter__(self) -> ClusterSandbox:
@@ -296,6 +364,17 @@ class ClusterSandbox:
         """A PNG of a desktop session's screen, taken on its node."""
         png: bytes = self._call("screenshot", timeout=timeout)
         return png
+
+
+def _rebuild_sandbox(
+    cls: type[ClusterSandbox],
+    info: Session,
+    node: Node,
+    guard: Any,
+    key: str | None,
+    epoch: int,
+) -> ClusterSandbox:
+    return cls(info, node, guard=guard, key=key, epoch=epoch)
 
 
 class ClusterCheckpoint:
