@@ -111,14 +111,14 @@ def test_a_replicated_agent_survives_the_loss_of_its_node(cluster: RayCluster) -
         if step == KILL_AT_STEP:
 
             def kill() -> None:
-                killed_at.append(time.monotonic())
+                killed_at.append(time.time())
                 cluster.kill_node("c")
 
             threading.Timer(0.5, kill).start()
 
     try:
         got = run_agent(sb, "agent", on_step=kill_soon)
-        answered_at = time.monotonic()
+        answered_at = time.time()
         assert killed_at, "node c was never killed"
         # The same answers, outputs and files as without the fault, on b.
         assert got == expected
@@ -128,9 +128,12 @@ def test_a_replicated_agent_survives_the_loss_of_its_node(cluster: RayCluster) -
         (f,) = [f for f in c.failovers() if f.name == "stormy"]
         assert (f.lost_node, f.to_node, f.error) == (n_c, b, None)
         assert f.version is not None
-        # Noticed and resumed within seconds.
-        assert f.resumed_s < 10, f
-        assert answered_at - killed_at[0] < 30
+        # Noticed and resumed within seconds of the kill.
+        assert f.missed_at <= f.noticed_at <= f.resumed_at, f
+        assert killed_at[0] <= f.noticed_at, f
+        assert f.noticed_at - killed_at[0] < 5, f
+        assert f.resumed_at - killed_at[0] < 10, f
+        assert answered_at > f.resumed_at
         # Its versions go on to the third node now.
         guarded = ray_sessions(c)
         assert [(p, r) for name, p, r, _ in guarded.values() if name == "stormy"] == [(b, a)]

@@ -82,8 +82,12 @@ class Failover:
     to_node: str | None
     version: str | None
     replayed: int
-    noticed_s: float
-    resumed_s: float
+    missed_at: float
+    """When the node first missed a probe (Unix time, on the guard's host)."""
+    noticed_at: float
+    """When the guard took it for lost (`MISSES_TO_LOSE` probes missed)."""
+    resumed_at: float
+    """When the session ran on `to_node` again (or was given up on)."""
     error: str | None
 
 
@@ -111,6 +115,7 @@ class ClusterGuard:
     def __init__(self) -> None:
         self._sessions: dict[str, Replicated] = {}
         self._misses: dict[str, int] = {}
+        self._first_miss: dict[str, float] = {}
         self._watch: asyncio.Task[None] | None = None
         self._failovers: list[Failover] = []
         self._failing: set[str] = set()
@@ -235,25 +240,28 @@ class ClusterGuard:
         while True:
             await asyncio.sleep(PROBE_EVERY_S)
             primaries = {r.primary.id: r.primary for r in self._sessions.values() if not r.lost}
+            probed = time.time()
             results = await asyncio.gather(*(self._probe(n) for n in primaries.values()))
             for (nid, node), ok in zip(primaries.items(), results, strict=True):
                 if ok:
                     self._misses.pop(nid, None)
+                    self._first_miss.pop(nid, None)
                     continue
                 self._misses[nid] = self._misses.get(nid, 0) + 1
+                self._first_miss.setdefault(nid, probed)
                 if self._misses[nid] >= MISSES_TO_LOSE:
                     self._misses.pop(nid, None)
-                    noticed = time.monotonic()
+                    missed = self._first_miss.pop(nid, probed)
+                    noticed = time.time()
                     keys = [
                         k for k, r in self._sessions.items() if r.primary.id == nid and not r.lost
                     ]
                     self._failing.update(keys)
                     log.warning("node %s lost: resuming %d sessions", nid[:12], len(keys))
-                    await asyncio.gather(*(self._resume(k, node, noticed) for k in keys))
+                    await asyncio.gather(*(self._resume(k, node, missed, noticed) for k in keys))
 
-    async def _resume(self, key: str, lost: Node, noticed: float) -> None:
+    async def _resume(self, key: str, lost: Node, missed: float, noticed: float) -> None:
         r = self._sessions[key]
-        t0 = time.monotonic()
         replayed = 0
         to: Node | None = None
         try:
@@ -306,8 +314,9 @@ class ClusterGuard:
                 to.id if to and err is None else None,
                 r.latest_version,
                 replayed,
-                t0 - noticed,
-                time.monotonic() - noticed,
+                missed,
+                noticed,
+                time.time(),
                 err,
             )
         )
