@@ -6,6 +6,8 @@
 #                             and runs with, CRIU 4.2.1, the four binaries the
 #                             demo runs (drums, drumsd, drums-init,
 #                             drums-guest), the default image (`make demo`)
+#   scripts/setup.sh cluster  that, the desktop image and the Ray venv: what
+#                             `make cluster-demo` runs (python -m drums.ray.demo)
 #   scripts/setup.sh [all]    that, and what the tests and benches need: their
 #                             packages, venvs, CPython 3.13 + harbor, every
 #                             binary, the desktop and agent images (`make test`)
@@ -24,15 +26,20 @@ cache=$state/cache
 criu_version=4.2.1
 level=${1:-all}
 want_image=
+want_cluster=
 case "$level" in
   demo|all) ;;
+  cluster)
+    # What `make cluster-demo` runs: the demo's part, the desktop image and
+    # the Ray venv.
+    want_cluster=1; level=demo ;;
   image)
     # One image, with the demo's part of set-up (drumsd, debootstrap) first.
     case "${2:-}" in
       default|desktop|agent) want_image=$2; level=demo ;;
       *) echo "setup: usage: scripts/setup.sh image default|desktop|agent" >&2; exit 2 ;;
     esac ;;
-  *) echo "setup: usage: scripts/setup.sh [demo|all|image default|desktop|agent]" >&2; exit 2 ;;
+  *) echo "setup: usage: scripts/setup.sh [demo|cluster|all|image default|desktop|agent]" >&2; exit 2 ;;
 esac
 
 log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
@@ -92,6 +99,10 @@ packages=(
 # CPython 3.13's build deps (Harbor's interpreter, below), for the modules it
 # needs: ssl, ctypes, sqlite3, bz2, lzma, readline (with zlib1g-dev and
 # uuid-dev above: zlib, uuid).
+# The cluster demo's Ray venv needs python3-venv.
+if [ -n "$want_cluster" ]; then
+  packages+=(python3-venv)
+fi
 if [ "$level" = all ]; then
   packages+=(
     xvfb xdotool wmctrl x11-xserver-utils ffmpeg python3-venv
@@ -194,7 +205,35 @@ if [ -n "$want_image" ]; then
   image "$want_image" debootstrap
   exit 0
 fi
+# ---- Ray, for drums.ray (scripts/python-test.sh) -------------------------------
+# Ray from PyPI, pinned, in a venv of its own (its tree is large and must not
+# leak into the SDK's gates), with the test tools at the SDK venv's pins.
+# openai is the SDK the failover test's agent calls its model with.
+# The tests start their own 3-node cluster on loopback (python/tests/ray);
+# usage stats are off there (RAY_USAGE_STATS_ENABLED=0). Same marker scheme
+# as the venvs above.
+setup_ray_venv() {
+ray_pins="ray==2.60.0 openai==3.57.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113"
+ray_venv=$cache/ray
+ray_marker="$ray_venv/.drums-ready-$(echo "$ray_pins" | tr ' =' '_-')"
+if [ ! -e "$ray_marker" ]; then
+  log "installing Ray into $ray_venv"
+  rm -rf "$ray_venv"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m venv "$ray_venv"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$ray_venv/bin/python" -m pip install -q --disable-pip-version-check $ray_pins
+  touch "$ray_marker"
+fi
+}
+
 image default debootstrap
+if [ -n "$want_cluster" ]; then
+  image desktop "debootstrap + pip"
+  setup_ray_venv
+  log "ready for the cluster demo"
+  exit 0
+fi
 if [ "$level" = demo ]; then
   log "ready for the demo (\`make test\` sets up the rest)"
   exit 0
@@ -294,25 +333,7 @@ if [ ! -e "$harness_marker" ]; then
   touch "$harness_marker"
 fi
 
-# ---- Ray, for drums.ray (scripts/python-test.sh) -------------------------------
-# Ray from PyPI, pinned, in a venv of its own (its tree is large and must not
-# leak into the SDK's gates), with the test tools at the SDK venv's pins.
-# openai is the SDK the failover test's agent calls its model with.
-# The tests start their own 3-node cluster on loopback (python/tests/ray);
-# usage stats are off there (RAY_USAGE_STATS_ENABLED=0). Same marker scheme
-# as the venvs above.
-ray_pins="ray==2.60.0 openai==3.57.0 httpx==0.28.1 pytest==9.2.0 pytest-timeout==2.4.0 anyio==4.16.0 mypy==2.4.1 ruff==0.17.5 pdoc==16.0.0 pyyaml==6.0.3 types-pyyaml==6.0.12.20261113"
-ray_venv=$cache/ray
-ray_marker="$ray_venv/.drums-ready-$(echo "$ray_pins" | tr ' =' '_-')"
-if [ ! -e "$ray_marker" ]; then
-  log "installing Ray into $ray_venv"
-  rm -rf "$ray_venv"
-  mkdir -p "$cache"
-  /usr/bin/python3 -m venv "$ray_venv"
-  # shellcheck disable=SC2086 # one word per requirement
-  "$ray_venv/bin/python" -m pip install -q --disable-pip-version-check $ray_pins
-  touch "$ray_marker"
-fi
+setup_ray_venv
 
 # ---- CPython 3.13 from Debian's source package (sid), for Harbor -------------
 # Harbor (the Terminal-Bench 2 harness) needs Python >= 3.12 and Debian 12 has

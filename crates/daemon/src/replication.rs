@@ -23,7 +23,7 @@ type Result<T> = std::result::Result<T, ApiError>;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest hold a gate may ask for, and the longest `next` waits.
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
-const MAX_NEXT_WAIT: Duration = Duration::from_secs(60);
+const MAX_NEXT_WAIT: Duration = Duration::from_secs(30);
 
 fn view(session: &str, g: GateState) -> Replication {
     Replication {

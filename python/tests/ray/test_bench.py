@@ -17,6 +17,7 @@ def test_the_cluster_bench_runs() -> None:
     bench = Path(__file__).resolve().parents[2] / "bench/cluster.py"
     r = subprocess.run(
         [sys.executable, str(bench), "-n", "1", "--profile", "headless", "--reset-seconds", "2",
+         "--replicated", "2", "--desktop-replicated", "1", "--turns", "2", "--recovering", "2",
          "--json"],
         capture_output=True,
         text=True,
@@ -32,3 +33,8 @@ def test_the_cluster_bench_runs() -> None:
     resets = out["resets"]
     for arm in ("cluster", "one_node"):
         assert resets[arm]["runs"][0]["resets"] > 0, arm
+    for rep in out["replication"]:
+        assert rep["versions_copied"] >= rep["sessions"] * rep["turns_per_session"], rep
+        assert rep["bytes_per_version"]["p50"] > 0
+    rec = out["recovery"]
+    assert rec["errors"] == [] and rec["sessions"] == 2 and rec["all_answering_s"] < 30

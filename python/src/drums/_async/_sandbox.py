@@ -179,10 +179,10 @@ class AsyncReplicas:
 
     async def next(self, *, wait: float = 0.0) -> str | None:
         """The oldest version an answer waits on for its replica, waiting up
-        to `wait` seconds (at most 60) for one; None if none came."""
+        to `wait` seconds (at most 30) for one; None if none came."""
         if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
             raise TypeError(f"wait must be a non-negative number of seconds, not {wait!r}")
-        ms = round(min(wait, 60.0) * 1000)
+        ms = round(min(wait, 30.0) * 1000)
         r = await self._client._request(
             "GET", f"{self._base}/next", params={"wait_ms": str(ms)}, timeout=ms / 1000 + 30
         )

@@ -37,7 +37,7 @@ import httpx
 
 import drums
 import drums.ray
-from drums.ray.local import LocalCluster
+from drums.ray.local import LocalCluster, stdout_to_stderr
 
 STEPS = [
     "echo one >> /root/log && wc -l < /root/log",
@@ -291,19 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         result = run(args.nodes, quiet=False)
     else:
-        # Ray prints its nodes' events (a raylet killed) on standard output:
-        # with --json, all of that goes to standard error, and standard
-        # output gets the one object.
-        out = os.dup(1)
-        try:
-            sys.stdout.flush()
-            os.dup2(2, 1)
-            with contextlib.redirect_stdout(sys.stderr):
-                result = run(args.nodes, quiet=True)
-        finally:
-            sys.stdout.flush()
-            os.dup2(out, 1)
-            os.close(out)
+        with stdout_to_stderr():
+            result = run(args.nodes, quiet=True)
         print(json.dumps(result, indent=2))
     return 0 if result.get("outcome") == "finished on another node" else 1
 
