@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -378,6 +379,12 @@ def test_a_cluster_pool_keeps_warm_siblings_on_every_node(cluster: RayCluster) -
     try:
         with c.pool(ck, size=1) as pool:
             assert set(pool.pools) == {n.node_id for n in cluster.nodes.values()}
+            # Every node's member restored (they fill in the background): a
+            # take then has its choice of node.
+            deadline = time.monotonic() + 60
+            while any(p.ready < 1 for p in pool.info().values()):
+                assert time.monotonic() < deadline, pool.info()
+                time.sleep(0.1)
             # take() prefers the caller's node: the driver's...
             with pool.take() as first:
                 assert first.node.id == ray.get_runtime_context().get_node_id()
