@@ -355,6 +355,11 @@ def main() -> int:
     ap.add_argument("--desktop-replicated", type=int, default=2)
     ap.add_argument("--turns", type=int, default=5, help="turns per session there")
     ap.add_argument("--recovering", type=int, default=8, help="sessions on the node killed")
+    ap.add_argument(
+        "--arms",
+        default="fork,resets,replication,recovery",
+        help="which arms, comma-separated (recovery kills a node: it runs last)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -384,17 +389,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     rc.trust(x, y)
         c = drums.ray.Cluster()
         result["node_ids"] = {name: n.node_id for name, n in rc.nodes.items()}
-        result["fork"] = fork_arms(c, rc, args.profile, args.n)
-        result["fork"]["profile"] = args.profile
-        result["resets"] = reset_arms(c, rc, args.reset_profile, args.n, args.reset_seconds)
-        result["resets"]["profile"] = args.reset_profile
-        result["replication"] = [
-            replication_arms(c, rc, "headless", args.replicated, args.turns, args.n),
-            replication_arms(
-                c, rc, "desktop", args.desktop_replicated, args.turns, max(1, args.n // 2)
-            ),
-        ]
-        result["recovery"] = recovery_arm(c, rc, args.recovering)
+        arms = set(args.arms.split(","))
+        if "fork" in arms:
+            result["fork"] = fork_arms(c, rc, args.profile, args.n)
+            result["fork"]["profile"] = args.profile
+        if "resets" in arms:
+            result["resets"] = reset_arms(c, rc, args.reset_profile, args.n, args.reset_seconds)
+            result["resets"]["profile"] = args.reset_profile
+        if "replication" in arms:
+            result["replication"] = [
+                replication_arms(c, rc, "headless", args.replicated, args.turns, args.n),
+                replication_arms(
+                    c, rc, "desktop", args.desktop_replicated, args.turns, max(1, args.n // 2)
+                ),
+            ]
+        if "recovery" in arms:
+            result["recovery"] = recovery_arm(c, rc, args.recovering)
     finally:
         try:
             rc.stop()
@@ -404,6 +414,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if "fork" in result:
+        report_fork(args, result)
+    for rep in result.get("replication", []):
+        print(
+            f"replication, {rep['sessions']} {rep['profile']} sessions x {rep['turns_per_session']}"
+            f" turns: exposed delay per turn p50/p95 off {rep['exposed_ms_off']['p50']:.1f}/"
+            f"{rep['exposed_ms_off']['p95']:.1f} ms, on {rep['exposed_ms_on']['p50']:.1f}/"
+            f"{rep['exposed_ms_on']['p95']:.1f} ms; {rep['bytes_per_version']['p50'] / 1e6:.2f} MB"
+            " per version"
+        )
+    if "recovery" in result:
+        rec = result["recovery"]
+        print(
+            f"node lost with {rec['sessions']} replicated sessions: all answering on another "
+            f"node {rec['all_answering_s']:.2f} s after the kill "
+            f"(noticed p50 {rec['noticed_s']['p50']:.2f} s)"
+        )
+
+
+def report_fork(args: argparse.Namespace, result: dict[str, Any]) -> None:
     f = result["fork"]
     print(
         f"fork of a {args.profile} checkpoint ({f['archive_bytes'] >> 20} MiB archive) "
@@ -426,6 +456,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"  cross total / same: {f['ratio_cross_total_vs_same_p50']:.2f}x; "
         f"cache hit total / same: {f['ratio_hit_total_vs_same_p50']:.2f}x"
     )
+    if "resets" not in result:
+        return
     r = result["resets"]
     print(
         f"resets per hour ({args.reset_profile}, pools of {r['pool_size_per_node']} per node, "
@@ -434,20 +466,6 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(
         f"  3 nodes: {r['cluster']['per_hour_p50']:.0f}; one node: "
         f"{r['one_node']['per_hour_p50']:.0f}; ratio {r['ratio_cluster_vs_one_node']:.2f}"
-    )
-    for rep in result["replication"]:
-        print(
-            f"replication, {rep['sessions']} {rep['profile']} sessions x {rep['turns_per_session']}"
-            f" turns: exposed delay per turn p50/p95 off {rep['exposed_ms_off']['p50']:.1f}/"
-            f"{rep['exposed_ms_off']['p95']:.1f} ms, on {rep['exposed_ms_on']['p50']:.1f}/"
-            f"{rep['exposed_ms_on']['p95']:.1f} ms; {rep['bytes_per_version']['p50'] / 1e6:.2f} MB"
-            " per version"
-        )
-    rec = result["recovery"]
-    print(
-        f"node lost with {rec['sessions']} replicated sessions: all answering on another node "
-        f"{rec['all_answering_s']:.2f} s after the kill "
-        f"(noticed p50 {rec['noticed_s']['p50']:.2f} s)"
     )
 
 

@@ -112,11 +112,22 @@ pub async fn next(
             format!("next takes ?wait_ms=MS: {e}"),
         )
     })?;
+    let wait = Duration::from_millis(q.wait_ms);
+    if wait > MAX_NEXT_WAIT {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!(
+                "wait_ms {} is over {}",
+                q.wait_ms,
+                MAX_NEXT_WAIT.as_millis()
+            ),
+        ));
+    }
     let s = m.get(&id)?;
     if c.replicas().state(&s.id).is_none() {
         return Err(no_gate(&s.name));
     }
-    let wait = Duration::from_millis(q.wait_ms).min(MAX_NEXT_WAIT);
     Ok(match c.replicas().next(&s.id, wait).await {
         Some(version) => Json(ReplicaVersion { version }).into_response(),
         None => StatusCode::NO_CONTENT.into_response(),

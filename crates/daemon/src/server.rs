@@ -523,7 +523,7 @@ async fn audit(
 /// checkpoint is never held in memory. A failure part-way ends the body with
 /// an error, so the client sees a broken transfer, not a short archive.
 async fn export(State(m): State<AppState>, Path(id): Path<String>) -> Result<Response> {
-    let rx = m.export(&id)?;
+    let rx = m.export(&id).await?;
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });

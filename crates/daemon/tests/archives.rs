@@ -515,3 +515,61 @@ fn an_archive_larger_than_the_store_has_room_for_is_refused() {
     assert_nothing_kept(&d, "an archive over the store's room", &canary);
     d.stop_and_check_leaks();
 }
+
+/// A remove of a checkpoint waits for an export of it in flight (the
+/// version is held, as a restore holds it), so the archive comes out whole;
+/// before, retention or `checkpoint rm` deleted the files under tar and the
+/// transfer broke off (seen by the API fuzz).
+#[test]
+fn a_remove_waits_for_an_export_in_flight() {
+    let mut d = TestDaemon::start();
+    let s = run(d.create(&CreateSession {
+        network: Some("none".into()),
+        ..Default::default()
+    }))
+    .unwrap();
+    let (code, _, err) = d.sh(&s.id, "head -c 48000000 /dev/urandom > /root/big");
+    assert_eq!(code, 0, "{err}");
+    let ck = run(d.checkpoint(&s.id, false, false));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ck.tar");
+    // A slow reader: 1 MiB every 50 ms, about 2.5 s for the archive.
+    let reader = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import http.client, socket, sys, time\n\
+             c = http.client.HTTPConnection('drumsd')\n\
+             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); c.sock = s\n\
+             c.request('GET', '/v1/checkpoints/' + sys.argv[2] + '/export')\n\
+             r = c.getresponse(); assert r.status == 200, r.status\n\
+             f = open(sys.argv[3], 'wb')\n\
+             while True:\n\
+             \x20   b = r.read(1 << 20)\n\
+             \x20   if not b: break\n\
+             \x20   f.write(b); time.sleep(0.05)\n\
+             f.close(); print(time.time())\n",
+        )
+        .arg(d.client.socket())
+        .arg(&ck.id)
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    let removed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let o = reader.wait_with_output().unwrap();
+    assert!(o.status.success(), "the export broke off");
+    let read_all: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(
+        removed >= read_all - 0.2,
+        "the remove ended at {removed}, before the export's last byte at {read_all}"
+    );
+    // The archive is whole: it imports (its name is free again).
+    let id = ok(d.drums(&["checkpoint", "import", out.to_str().unwrap()]));
+    ok(d.drums(&["checkpoint", "rm", &id]));
+    d.stop_and_check_leaks();
+}

@@ -73,9 +73,17 @@ impl Manager {
         self.host.cfg.state_dir.join("trusted-keys")
     }
 
-    /// Start writing the signed archive of a published checkpoint.
-    pub fn export(&self, id_or_name: &str) -> Result<ExportStream, SessionError> {
-        let (ck, m) = self.manifest(id_or_name)?;
+    /// Start writing the signed archive of a published checkpoint. The
+    /// version is held (shared, as a restore holds it) until the archive is
+    /// written: a removal of it (`checkpoint rm`, retention) waits, instead
+    /// of deleting the files tar reads and breaking the archive off. A
+    /// client that stops reading holds it until it goes (the API is
+    /// root's own socket; sessions have no export).
+    pub async fn export(&self, id_or_name: &str) -> Result<ExportStream, SessionError> {
+        // Read again under the lock: a remove that came first leaves nothing.
+        let id = self.manifest(id_or_name)?.0.id;
+        let held = self.checkpoints.reading(&id).await;
+        let (ck, m) = self.manifest(&id)?;
         let key = self.host_key()?;
         let dir = self.host.checkpoint_dir(&ck.id);
         // A selective version's artifacts may be an earlier version's: the
@@ -114,6 +122,7 @@ impl Manager {
             .map_err(io("spawn", PathBuf::from("tar")))?;
         let (tx, rx) = mpsc::channel(4);
         std::thread::spawn(move || {
+            let _held = held;
             let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
             let result = stream_export(&mut child, &key, fault, &tx, &mut buf);
             if let Err(e) = result {

@@ -10,7 +10,7 @@
 //! detach ... no such process"), or found the network namespace half torn
 //! down, and the dump answered 500.
 //!
-//! A version: restores, rollbacks and recoveries share it; a removal
+//! A version: restores, rollbacks, recoveries and exports share it; a removal
 //! (`drums checkpoint rm`, retention, a session's history going with it)
 //! takes it alone. A remove deleted the images and the snapshot under a
 //! restore that was reading them: the restore answered 500 (a missing image
@@ -28,9 +28,11 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 /// One lock per id (a session's or a checkpoint's id, never a name: a name
 /// can be taken again by another one).
+type Map = Arc<Mutex<HashMap<String, Arc<RwLock<()>>>>>;
+
 #[derive(Default)]
 pub(crate) struct Locks {
-    map: Mutex<HashMap<String, Arc<RwLock<()>>>>,
+    map: Map,
 }
 
 /// Never read: each guard is held only for its drop, which lets the lock go.
@@ -40,11 +42,12 @@ enum Guard {
     Alone(OwnedRwLockWriteGuard<()>),
 }
 
-/// A lock held until dropped.
-pub(crate) struct Held<'a> {
+/// A lock held until dropped. It owns what it needs, so it can go with
+/// work that outlives its caller (an export's streaming thread).
+pub(crate) struct Held {
     guard: Option<Guard>,
     id: String,
-    locks: &'a Locks,
+    map: Map,
 }
 
 impl Locks {
@@ -58,22 +61,22 @@ impl Locks {
     }
 
     /// Wait until nobody else holds `id`, and hold it alone.
-    pub(crate) async fn alone(&self, id: &str) -> Held<'_> {
+    pub(crate) async fn alone(&self, id: &str) -> Held {
         let guard = Guard::Alone(self.entry(id).write_owned().await);
         self.held(id, guard)
     }
 
     /// Hold `id` along with other sharers, once nobody holds it alone.
-    pub(crate) async fn shared(&self, id: &str) -> Held<'_> {
+    pub(crate) async fn shared(&self, id: &str) -> Held {
         let guard = Guard::Shared(self.entry(id).read_owned().await);
         self.held(id, guard)
     }
 
-    fn held(&self, id: &str, guard: Guard) -> Held<'_> {
+    fn held(&self, id: &str, guard: Guard) -> Held {
         Held {
             guard: Some(guard),
             id: id.to_owned(),
-            locks: self,
+            map: self.map.clone(),
         }
     }
 
@@ -83,10 +86,10 @@ impl Locks {
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         // Waiters clone the entry under the map's lock, so a count of one
         // (the map's own) means nobody else holds or waits for it.
         if map.get(&self.id).is_some_and(|m| Arc::strong_count(m) == 1) {

@@ -158,13 +158,13 @@ pub(crate) struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// Held while a restore, rollback or recovery reads version `id`.
-    pub(crate) async fn reading(&self, id: &str) -> crate::busy::Held<'_> {
+    /// Held while a restore, rollback, recovery or export reads version `id`.
+    pub(crate) async fn reading(&self, id: &str) -> crate::busy::Held {
         self.busy.shared(id).await
     }
 
     /// Held while version `id` is removed, alone.
-    pub(crate) async fn removing(&self, id: &str) -> crate::busy::Held<'_> {
+    pub(crate) async fn removing(&self, id: &str) -> crate::busy::Held {
         self.busy.alone(id).await
     }
 
