@@ -62,6 +62,17 @@ from drums.ray.demo import ScriptedModel
 from drums.ray.local import stdout_to_stderr
 
 SIBLINGS = 4
+FORK_ARMS = (
+    "same_restore",
+    "cross_export",
+    "cross_import",
+    "cross_transfer",
+    "cross_restore",
+    "cross_total",
+    "hit_transfer",
+    "hit_restore",
+    "hit_total",
+)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -71,6 +82,14 @@ def pct(xs: list[float], p: float) -> float:
 
 def summary(xs: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(xs), "p95": pct(xs, 95), "n": len(xs)}
+
+
+def remove_checkpoints(rc: RayCluster) -> None:
+    """Every checkpoint on every node (the arms' own and the copies)."""
+    for node in rc.nodes.values():
+        with drums.Client(node.daemon.socket, autostart=False) as cl:
+            for k in cl.checkpoints.list():
+                k.remove()
 
 
 def fork_arms(c: drums.ray.Cluster, rc: RayCluster, profile: str, n: int) -> dict[str, Any]:
@@ -83,20 +102,7 @@ def fork_arms(c: drums.ray.Cluster, rc: RayCluster, profile: str, n: int) -> dic
         ck = sb.checkpoint(clean=profile == "desktop")
     finally:
         sb.kill()
-    out: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "same_restore",
-            "cross_export",
-            "cross_import",
-            "cross_transfer",
-            "cross_restore",
-            "cross_total",
-            "hit_transfer",
-            "hit_restore",
-            "hit_total",
-        )
-    }
+    out: dict[str, list[float]] = {k: [] for k in FORK_ARMS}
     archive_bytes = 0
     try:
         for i in range(n):
@@ -137,10 +143,7 @@ def fork_arms(c: drums.ray.Cluster, rc: RayCluster, profile: str, n: int) -> dic
                 for s in sibs:
                     s.kill()
     finally:
-        for name in rc.nodes:
-            with drums.Client(rc.nodes[name].daemon.socket, autostart=False) as cl:
-                for k in cl.checkpoints.list():
-                    k.remove()
+        remove_checkpoints(rc)
     res: dict[str, Any] = {k: summary(v) for k, v in out.items()}
     res["archive_bytes"] = archive_bytes
     same = res["same_restore"]["p50"]
@@ -213,10 +216,7 @@ def reset_arms(
                         time.sleep(0.1)
                     runs[arm].append(resets(pool, seconds, workers))
     finally:
-        for name in rc.nodes:
-            with drums.Client(rc.nodes[name].daemon.socket, autostart=False) as cl:
-                for k in cl.checkpoints.list():
-                    k.remove()
+        remove_checkpoints(rc)
     res: dict[str, Any] = {"pool_size_per_node": size, "workers": workers}
     for arm, rs in runs.items():
         res[arm] = {
@@ -287,10 +287,7 @@ def replication_arms(
                     sb.kill()
     node_a = c.node(a)
     copied = [size for _, size, _ in ray.get(node_a.actor.replicated.remote())]
-    for name in rc.nodes:
-        with drums.Client(rc.nodes[name].daemon.socket, autostart=False) as cl:
-            for k in cl.checkpoints.list():
-                k.remove()
+    remove_checkpoints(rc)
     off, on = summary(release["off"]), summary(release["on"])
     return {
         "profile": profile,
@@ -440,17 +437,7 @@ def report_fork(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"into {SIBLINGS} siblings, {args.n} interleaved rounds (seconds):"
     )
     print(f"  {'arm':<16} {'p50':>8} {'p95':>8}")
-    for k in (
-        "same_restore",
-        "cross_export",
-        "cross_import",
-        "cross_transfer",
-        "cross_restore",
-        "cross_total",
-        "hit_transfer",
-        "hit_restore",
-        "hit_total",
-    ):
+    for k in FORK_ARMS:
         print(f"  {k:<16} {f[k]['p50']:>8.3f} {f[k]['p95']:>8.3f}")
     print(
         f"  cross total / same: {f['ratio_cross_total_vs_same_p50']:.2f}x; "

@@ -22,17 +22,11 @@ import pytest
 
 import drums
 import drums.ray
+from drums.ray.demo import KILL_AT_STEP, STEPS
 from tests.ray.cluster import RayCluster
 
-# One command per step; step 2 runs while the node is killed.
-STEPS = [
-    "echo one >> /root/log && wc -l < /root/log",
-    "mkdir -p /root/w && echo two > /root/w/a && ls /root/w",
-    "sleep 2 && echo three >> /root/log && cat /root/log",
-    "cat /root/w/a && wc -l < /root/log",
-    "echo done",
-]
-KILL_AT_STEP = 2
+# The demo's agent script: one command per step; step 2 runs while the
+# node is killed.
 
 
 def run_agent(
