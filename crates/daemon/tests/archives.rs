@@ -573,3 +573,72 @@ fn a_remove_waits_for_an_export_in_flight() {
     ok(d.drums(&["checkpoint", "rm", &id]));
     d.stop_and_check_leaks();
 }
+
+/// Exports of a checkpoint while restores of it run: each restore
+/// hard-links the images tar is reading (their ctime changes, never their
+/// bytes), which GNU tar reports as "file changed as we read it", exiting
+/// with status 1. The export took that for a failure and broke off (seen by
+/// the API fuzz, whose pools refill while it exports); now every archive is
+/// whole.
+#[test]
+fn exports_during_restores_of_the_same_checkpoint_are_whole() {
+    let mut d = TestDaemon::start();
+    let s = run(d.create(&CreateSession {
+        network: Some("none".into()),
+        ..Default::default()
+    }))
+    .unwrap();
+    let (code, _, err) = d.sh(&s.id, "head -c 16000000 /dev/urandom > /root/big");
+    assert_eq!(code, 0, "{err}");
+    let ck = run(d.checkpoint(&s.id, false, false));
+    let state = d.state.path().to_owned();
+    let drums = move |args: &[&str]| {
+        common::bounded(
+            std::process::Command::new(common::bin_dir().join("drums"))
+                .arg("--state-dir")
+                .arg(&state)
+                .arg("--no-autostart")
+                .args(args),
+        )
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let restorer = {
+        let (stop, drums, id) = (stop.clone(), drums.clone(), ck.id.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ids = ok(drums(&["restore", &id, "--count", "2"]));
+                let ids: Vec<&str> = ids.split_whitespace().collect();
+                let mut args = vec!["rm"];
+                args.extend(ids);
+                ok(drums(&args));
+                n += 1;
+            }
+            n
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..8 {
+        let out = dir.path().join(format!("ck{i}.tar"));
+        let o = drums(&["checkpoint", "export", &ck.id, out.to_str().unwrap()]);
+        assert!(
+            o.status.success(),
+            "export {i} during restores: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        restorer.join().unwrap() > 0,
+        "no restore ran beside the exports"
+    );
+    // Whole: the last one imports under a name of its own.
+    ok(d.drums(&["checkpoint", "rm", &ck.id]));
+    let id = ok(d.drums(&[
+        "checkpoint",
+        "import",
+        dir.path().join("ck7.tar").to_str().unwrap(),
+    ]));
+    ok(d.drums(&["checkpoint", "rm", &id]));
+    d.stop_and_check_leaks();
+}
