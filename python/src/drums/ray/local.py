@@ -353,9 +353,29 @@ class LocalCluster:
             ]
         else:
             args += [f"--address={self.address}"]
-        r = subprocess.run(args, env=self.env(node), capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"ray start for node {node.name} failed:\n{r.stdout}\n{r.stderr}")
+        # On a loaded 2-core host a raylet can miss `ray start`'s 30 s for
+        # registering with the GCS: what that start left is killed, and it is
+        # tried again, at most three times in all.
+        for attempt in range(3):
+            r = subprocess.run(
+                args, env=self.env(node), capture_output=True, text=True, timeout=180
+            )
+            if r.returncode == 0:
+                return
+            left = set(node.raylet_pids())
+            if head:
+                left |= set(_pids_with(str(self.temp_dir))) | set(_pids_with(self.address))
+            left.discard(os.getpid())
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            print(
+                f"ray start for node {node.name} failed (attempt {attempt + 1} of 3):\n"
+                f"{r.stderr[-2000:]}",
+                file=sys.stderr,
+            )
+            time.sleep(1)
+        raise RuntimeError(f"ray start for node {node.name} failed:\n{r.stdout}\n{r.stderr}")
 
     def _learn_node_ids(self) -> None:
         import ray
