@@ -425,3 +425,24 @@ def test_the_gate_holds_an_answer_until_its_timeout_or_until_it_goes_off(
         assert (first.replica, second.replica) == ("timed_out", "off")
         assert first.replica_ms >= 1000 > second.replica_ms >= 200
         assert first.version is not None and second.version is not None
+
+
+def test_a_session_cannot_reach_the_clusters_ports(cluster: RayCluster) -> None:
+    """Ray listens on every interface; a session's firewall keeps it from
+    Ray's GCS and nodes on the host (its gateway), and the cluster's
+    loopback address is the session's own."""
+    c = drums.ray.Cluster()
+    with c.create(node=cluster.nodes["b"].node_id) as sb:
+        assert sb.info.ip is not None
+        gateway = sb.info.ip.rsplit(".", 1)[0] + ".1"
+        ports = [cluster.gcs_port]
+        for node in cluster.nodes.values():
+            ports += [node.node_manager_port, node.object_manager_port]
+        for host in (gateway, "127.0.0.2"):
+            for port in ports:
+                probe = (
+                    "import socket; s = socket.socket(); s.settimeout(2); "
+                    f"s.connect(({host!r}, {port})); print('CONNECTED')"
+                )
+                r = sb.commands.run(["python3", "-c", probe])
+                assert r.exit_code != 0 and "CONNECTED" not in r.stdout, (host, port, r)
