@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 IMAGES_DIR = Path("/var/lib/drums/images")
+# The environment variable every Ray process of a cluster carries (its temp
+# dir): Ray's agents rewrite their command line, their environment stays.
+CLUSTER_MARK = "DRUMS_RAY_CLUSTER"
 
 
 @contextlib.contextmanager
@@ -232,17 +235,38 @@ class RayNode:
         return _pids_with(f"--node_manager_port={self.node_manager_port}")
 
 
-def _pids_with(needle: str) -> list[int]:
+def _pids_with(needle: str, what: str = "cmdline") -> list[int]:
+    """The processes whose command line (or `environ`) holds `needle`."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ")
+            text = (p / what).read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if needle.encode() in cmd:
+        if needle.encode() in text:
             out.append(int(p.name))
+    return out
+
+
+def _pids_holding(prefix: str) -> list[int]:
+    """The processes with a file under `prefix` open."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            fds = list((p / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd).startswith(prefix):
+                    out.append(int(p.name))
+                    break
+            except OSError:
+                continue
     return out
 
 
@@ -312,6 +336,8 @@ class LocalCluster:
         env = {
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Every process of the cluster inherits it: how stop() finds them.
+            CLUSTER_MARK: str(self.temp_dir),
             # A node whose raylet is killed is known dead within about a
             # second, not Ray's default 15 s (read by the head's GCS).
             "RAY_health_check_period_ms": "300",
@@ -431,9 +457,13 @@ class LocalCluster:
     # ---- stop -------------------------------------------------------------------
 
     def ray_pids(self) -> list[int]:
-        """Every process of this cluster: its temp dir or its GCS address in
-        the command line, or one of its nodes' ports."""
+        """Every process of this cluster: its temp dir or GCS address in the
+        command line, one of its nodes' ports, the cluster's mark in its
+        environment, or a file of the temp dir open (Ray's agents rewrite
+        their command line and environment, but keep their logs open)."""
         pids = set(_pids_with(str(self.temp_dir))) | set(_pids_with(self.address))
+        pids |= set(_pids_with(f"{CLUSTER_MARK}={self.temp_dir}", "environ"))
+        pids |= set(_pids_holding(str(self.temp_dir)))
         for node in self.nodes.values():
             pids |= set(node.raylet_pids())
         pids.discard(os.getpid())
