@@ -49,8 +49,8 @@ step "unasync --check"
 "$py" scripts/unasync.py --check
 
 step "ruff"
-"$venv/bin/ruff" check src tests scripts bench examples
-"$venv/bin/ruff" format --check src tests scripts bench examples
+"$venv/bin/ruff" check --no-cache src tests scripts bench examples
+"$venv/bin/ruff" format --no-cache --check src tests scripts bench examples
 
 step "mypy --strict"
 "$venv/bin/mypy" --strict --exclude "^($(echo "${integrations[*]} ${ray[*]}" | tr ' ' '|'))(/|$)" src tests bench examples

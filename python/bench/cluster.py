@@ -52,12 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 import httpx
+import ray
 from tests.daemon import pick_k
 from tests.ray.cluster import RayCluster
 
 import drums
 import drums.ray
-import ray
 from drums.ray.demo import ScriptedModel
 from drums.ray.local import stdout_to_stderr
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import ray
 
 import drums
 import drums.ray
-import ray
 from drums.ray._node import Staged
 from tests.ray.cluster import RayCluster
 

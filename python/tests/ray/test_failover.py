@@ -148,6 +148,7 @@ def test_a_replicated_agent_survives_the_loss_of_its_node(cluster: RayCluster) -
 
 def ray_sessions(c: drums.ray.Cluster) -> dict[str, tuple[str, str, str | None, str | None]]:
     import ray
+
     from drums.ray._guard import guard
 
     found: dict[str, tuple[str, str, str | None, str | None]] = ray.get(guard().sessions.remote())

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+
 from drums._errors import DrumsError
 from drums.models import Checkpoint as CheckpointInfo
 from drums.models import Session

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+
 from drums._async._checkpoints import AsyncCheckpoint
 from drums._async._client import AsyncClient
 from drums._async._pools import AsyncPool

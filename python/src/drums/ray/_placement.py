@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-import ray
 from drums._types import parse_size
 from drums.models import Capacity
 from drums.ray._errors import NoCapacity, NodeLost

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import ray
+
 from drums._backends import AsyncLock
 from drums._errors import DaemonUnavailable, DrumsError
 from drums.models import Capacity, Session

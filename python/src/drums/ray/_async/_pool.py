@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Sequence
 
 import ray
+
 from drums._errors import DrumsError, Unavailable
 from drums.models import Pool, Session
 from drums.ray._async._sandbox import AsyncClusterCheckpoint, AsyncClusterSandbox

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 import ray
+
 from drums._async._commands import DEFAULT_COMMAND_TIMEOUT_S
 from drums._async._sandbox import Policy
 from drums._errors import DaemonUnavailable, DrumsError, InvalidArgument

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import ray
+
 from drums._backends import Lock
 from drums._errors import DaemonUnavailable, DrumsError
 from drums.models import Capacity, Session

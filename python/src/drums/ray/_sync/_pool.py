@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Sequence
 
 import ray
+
 from drums._errors import DrumsError, Unavailable
 from drums.models import Pool, Session
 from drums.ray._sync._sandbox import ClusterCheckpoint, ClusterSandbox

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 import ray
+
 from drums._sync._commands import DEFAULT_COMMAND_TIMEOUT_S
 from drums._sync._sandbox import Policy
 from drums._errors import DaemonUnavailable, DrumsError, InvalidArgument
