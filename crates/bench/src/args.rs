@@ -102,6 +102,8 @@ pub enum BenchCommand {
         /// have --llm-upstream openai=http://127.0.0.1:PORT.
         #[arg(long, default_value_t = 7090)]
         mock_port: u16,
+        #[command(flatten)]
+        ab: AbArgs,
         #[arg(long)]
         json: bool,
     },
@@ -115,6 +117,8 @@ pub enum BenchCommand {
         /// Measured rounds (after one unmeasured round).
         #[arg(short = 'n', default_value_t = 20)]
         n: usize,
+        #[command(flatten)]
+        ab: AbArgs,
         #[arg(long)]
         json: bool,
     },
@@ -144,4 +148,20 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--ab OTHER`: the bench against this build's drumsd and the one at
+/// OTHER, each a private daemon of the bench's own, in one run (ab.rs).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AbArgs {
+    /// Arm B's drumsd (with its drums-init and drums-guest beside it), e.g.
+    /// the parent commit's build; arm A is this build's. The bench then
+    /// starts both daemons itself and ignores --socket, --proxy and
+    /// --mock-port.
+    #[arg(long, value_name = "OTHER_DRUMSD")]
+    pub ab: Option<PathBuf>,
+    /// With --ab: runs per arm, alternating A, B then B, A; the rounds
+    /// (-n) are split among them.
+    #[arg(long, default_value_t = 2, requires = "ab")]
+    pub segments: usize,
 }

@@ -72,7 +72,7 @@ use serde_json::{json, Map, Value};
 
 use super::{create, progress, respawn, sh, turn_begin, Made};
 use crate::exit::{self, Failure};
-use crate::stats::{p50_p95, paired};
+use crate::stats::{p50_p95, paired, put_p50_p95};
 use crate::table;
 use drums_api::exec::enc;
 
@@ -164,6 +164,35 @@ struct Queue {
 }
 
 pub async fn engine(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure> {
+    let (versions, queue) = measure(c, n, as_json).await?;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(n, &versions, &queue)).expect("serialize")
+        );
+    } else {
+        print_tables(n, &versions, &queue);
+    }
+    Ok(status(&queue))
+}
+
+/// One run of `n` rounds as JSON, for `--ab`'s segments (ab.rs), and the
+/// exit status it calls for.
+pub(crate) async fn engine_json(c: &Client, n: usize) -> Result<(Value, i32), Failure> {
+    let (versions, queue) = measure(c, n, true).await?;
+    Ok((to_json(n, &versions, &queue), status(&queue)))
+}
+
+/// A size that found no room is said in the output, and is not a success.
+fn status(queue: &Queue) -> i32 {
+    if queue.stopped.is_some() {
+        exit::UNAVAILABLE
+    } else {
+        exit::OK
+    }
+}
+
+async fn measure(c: &Client, n: usize, as_json: bool) -> Result<(Versions, Queue), Failure> {
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
@@ -175,21 +204,7 @@ pub async fn engine(c: &Client, n: usize, as_json: bool) -> Result<i32, Failure>
     let m = Made::new(c);
     let r = queue_part(&m, n, as_json).await;
     let queue = m.finish(r).await?;
-
-    if as_json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(n, &versions, &queue)).expect("serialize")
-        );
-    } else {
-        print_tables(n, &versions, &queue);
-    }
-    // A size that found no room is said above, and is not a success.
-    Ok(if queue.stopped.is_some() {
-        exit::UNAVAILABLE
-    } else {
-        exit::OK
-    })
+    Ok((versions, queue))
 }
 
 async fn end(c: &Client, s: &Session, wait: bool) -> Result<TurnEffects, Failure> {
@@ -869,14 +884,7 @@ fn queue_groups(q: &Queue) -> Vec<(String, usize, &'static str, &'static str, Ve
 fn to_json(n: usize, v: &Versions, q: &Queue) -> Value {
     let mut out = Map::new();
     out.insert("n".into(), json!(n));
-    let mut put = |key: &str, samples: &[f64]| {
-        if samples.is_empty() {
-            return;
-        }
-        let (p50, p95) = p50_p95(samples.iter().copied());
-        out.insert(format!("{key}.p50"), json!(p50));
-        out.insert(format!("{key}.p95"), json!(p95));
-    };
+    let mut put = |key: &str, samples: &[f64]| put_p50_p95(&mut out, key, samples);
     for l in lines(v) {
         put(&l.key, &l.secs);
     }

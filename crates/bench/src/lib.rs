@@ -8,10 +8,13 @@
 use std::time::Instant;
 
 use drums_api::{Client, CreateSession, Session};
+use futures::future::LocalBoxFuture;
 use hyper::Method;
 use serde_json::json;
 
+pub mod ab;
 pub mod args;
+pub mod daemon;
 pub mod mock;
 pub mod stats;
 
@@ -44,11 +47,42 @@ use args::BenchCommand;
 use stats::{percentile, slope};
 
 /// Run one bench: each but `freeze` through the drumsd that `g` names
-/// (started if none answers, as `drums` starts it).
+/// (started if none answers, as `drums` starts it); with `--ab`, through
+/// two daemons of its own (ab.rs).
 pub async fn run(g: &Global, cmd: &BenchCommand) -> Result<i32, Failure> {
-    if let BenchCommand::Freeze { n, json } = cmd {
+    match cmd {
         // A host mechanism, measured in-process: no daemon involved.
-        return freeze(*n, *json);
+        BenchCommand::Freeze { n, json } => return freeze(*n, *json),
+        BenchCommand::Engine { n, ab, json } if ab.ab.is_some() => {
+            let run = |c: Client, _proxy, n| -> LocalBoxFuture<'static, _> {
+                Box::pin(async move { engine::engine_json(&c, n).await })
+            };
+            return ab::run(
+                &ab_of(g, ab),
+                "engine",
+                *n,
+                Vec::new(),
+                *json,
+                Box::new(run),
+            )
+            .await;
+        }
+        BenchCommand::Proxy {
+            n, turns, ab, json, ..
+        } if ab.ab.is_some() => {
+            // One mock for both arms: each daemon sends its OpenAI requests
+            // there.
+            let mock = proxy::start_mock(0).await?;
+            let turns = *turns;
+            let run = move |c: Client, at, n| -> LocalBoxFuture<'static, _> {
+                Box::pin(
+                    async move { Ok((proxy::proxy_json(&c, n, turns, at, mock).await?, exit::OK)) },
+                )
+            };
+            let args = vec!["--llm-upstream".into(), format!("openai=http://{mock}")];
+            return ab::run(&ab_of(g, ab), "proxy", *n, args, *json, Box::new(run)).await;
+        }
+        _ => {}
     }
     let c = drums_client::connect::client(g).await?;
     match cmd {
@@ -62,7 +96,7 @@ pub async fn run(g: &Global, cmd: &BenchCommand) -> Result<i32, Failure> {
             json,
         } => pool(&c, *n, *segments, *segment_secs, *json).await,
         BenchCommand::Confinement { profile, n, json } => confinement(&c, profile, *n, *json).await,
-        BenchCommand::Engine { n, json } => engine(&c, *n, *json).await,
+        BenchCommand::Engine { n, json, .. } => engine(&c, *n, *json).await,
         BenchCommand::Corpus { n, json } => corpus(&c, *n, *json).await,
         BenchCommand::Proxy {
             n,
@@ -70,9 +104,22 @@ pub async fn run(g: &Global, cmd: &BenchCommand) -> Result<i32, Failure> {
             proxy: at,
             mock_port,
             json,
+            ..
         } => proxy(&c, *n, *turns, *at, *mock_port, *json).await,
         BenchCommand::Freeze { .. } => unreachable!("run above"),
         BenchCommand::Image { n, base, json } => image(&c, base, *n, *json).await,
+    }
+}
+
+/// `--ab`'s arms; both find their images where `g`'s drumsd does
+/// (`DRUMS_IMAGES_DIR`, as drumsd reads it, else STATE_DIR/images).
+fn ab_of(g: &Global, a: &args::AbArgs) -> ab::Ab {
+    ab::Ab {
+        other: a.ab.clone().expect("matched on --ab"),
+        segments: a.segments,
+        images_dir: std::env::var_os("DRUMS_IMAGES_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| g.state_dir.join("images")),
     }
 }
 

@@ -39,8 +39,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{create, percentile, sh, Made};
+use super::{create, sh, Made};
 use crate::exit::{self, Failure};
+use crate::stats::put_p50_p95 as put;
 use crate::table;
 use drums_api::exec::enc;
 
@@ -73,6 +74,24 @@ pub async fn proxy(
         print_tables(n, turns, &out);
     }
     Ok(exit::OK)
+}
+
+/// One run against the proxy at `at`, whose drumsd sends OpenAI requests
+/// to the mock at `mock` ([`start_mock`]), as JSON: `--ab`'s segments
+/// (ab.rs).
+pub(crate) async fn proxy_json(
+    c: &Client,
+    n: usize,
+    turns: usize,
+    at: SocketAddr,
+    mock: SocketAddr,
+) -> Result<Value, Failure> {
+    if n == 0 {
+        return Err(Failure::usage("-n must be at least 1"));
+    }
+    let m = Made::new(c);
+    let r = run(&m, n, turns, at, mock, true).await;
+    m.finish(r).await
 }
 
 /// Its sessions are removed by the caller, with what `m` recorded.
@@ -269,16 +288,6 @@ async fn records(c: &Client, s: &Session) -> Result<Vec<drums_api::CoordinatedTu
     Ok(t.turns)
 }
 
-fn put(out: &mut Map<String, Value>, key: &str, v: &[f64]) {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return;
-    }
-    out.insert(format!("{key}.p50"), json!(percentile(&v, 50.0)));
-    out.insert(format!("{key}.p95"), json!(percentile(&v, 95.0)));
-}
-
 /// A log-normal draw (σ 0.6) with median [`MEDIAN_TURN_S`], in ms; xorshift
 /// and Box–Muller, seeded, so runs compare.
 fn lognormal_ms(state: &mut u64) -> u64 {
@@ -363,7 +372,7 @@ impl Conn {
 
 /// The mock: chat completions, plain or streamed (3 events and `[DONE]`,
 /// each its own chunk), after the latency its model name asks for.
-async fn start_mock(port: u16) -> Result<SocketAddr, Failure> {
+pub(crate) async fn start_mock(port: u16) -> Result<SocketAddr, Failure> {
     let l = TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| {
         Failure::new(
             exit::UNAVAILABLE,

@@ -166,6 +166,10 @@ impl Daemon {
         })
     }
 
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
     /// SIGKILL, and wait until it is gone (a zombie counts: it holds no
     /// lock or socket any more).
     pub fn kill9(&self) -> Result<(), RespawnError> {
@@ -226,7 +230,7 @@ impl Daemon {
 }
 
 /// Alive and not a zombie.
-fn running(pid: i32) -> bool {
+pub(crate) fn running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(") ")

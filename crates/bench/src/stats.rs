@@ -29,6 +29,29 @@ pub fn p50_p95(v: impl IntoIterator<Item = f64>) -> (f64, f64) {
     (percentile(&v, 50.0), percentile(&v, 95.0))
 }
 
+/// `KEY.p50` and `KEY.p95` of `samples` into a bench's JSON, and the
+/// samples themselves under `samples.KEY`: `--ab` pools them over its
+/// segments (ab.rs), so its p95 is one of all the samples, not a median of
+/// p95s. Nothing for no samples.
+pub fn put_p50_p95(
+    out: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    samples: &[f64],
+) {
+    if samples.is_empty() {
+        return;
+    }
+    let (p50, p95) = p50_p95(samples.iter().copied());
+    out.insert(format!("{key}.p50"), serde_json::json!(p50));
+    out.insert(format!("{key}.p95"), serde_json::json!(p95));
+    let all = out
+        .entry("samples")
+        .or_insert_with(|| serde_json::json!({}));
+    if let Some(all) = all.as_object_mut() {
+        all.insert(key.to_owned(), serde_json::json!(samples));
+    }
+}
+
 /// The median over rounds of `a / b` in the same round: the noise of one
 /// moment hits both arms of a round alike, so this is steadier than a ratio
 /// of medians when the machine's speed drifts during the run.

@@ -89,12 +89,12 @@ pub async fn run(
     let mut out = Vec::new();
     let r = async {
         for &n in opts.densities.iter().filter(|n| **n > 0) {
-            out.push(one(setup, mock, traces, &mut sel, &off, n, rounds, false).await?);
+            out.push(one(mock, traces, &mut sel, &off, n, rounds, false).await?);
         }
         if opts.densities.contains(&0) {
             let mut n = 2 * opts.densities.iter().copied().max().unwrap_or(8).max(8);
             while n <= MOST_SESSIONS && memory_allows(&out, n) {
-                let d = one(setup, mock, traces, &mut sel, &off, n, 1, true).await?;
+                let d = one(mock, traces, &mut sel, &off, n, 1, true).await?;
                 let held = d.holds();
                 out.push(d);
                 if !held {
@@ -115,7 +115,6 @@ pub async fn run(
 
 #[allow(clippy::too_many_arguments)]
 async fn one(
-    setup: &Setup,
     mock: &Mock,
     traces: &[Trace],
     sel: &mut Drumsd,
@@ -141,7 +140,7 @@ async fn one(
                 },
                 round + 1
             ));
-            let arm = arm(setup, mock, traces, d, n, round).await;
+            let arm = arm(mock, traces, d, n, round).await;
             if first {
                 arms.0.push(arm);
             } else {
@@ -189,14 +188,7 @@ async fn one(
 
 /// `n` sessions at once on `d`, session `i` running trace `i` (round
 /// robin, shifted by the round).
-async fn arm(
-    setup: &Setup,
-    mock: &Mock,
-    traces: &[Trace],
-    d: &Drumsd,
-    n: usize,
-    round: usize,
-) -> Arm {
+async fn arm(mock: &Mock, traces: &[Trace], d: &Drumsd, n: usize, round: usize) -> Arm {
     let h = d.handle.clone();
     let sampler = Sampler::start();
     let t0 = Instant::now();
@@ -211,7 +203,7 @@ async fn arm(
         })
         .collect();
     let runs: Vec<RunResult> =
-        futures::future::join_all(jobs.iter().map(|j| run::run(setup, mock, &h, None, j))).await;
+        futures::future::join_all(jobs.iter().map(|j| run::run(mock, &h, None, j))).await;
     let wall_s = t0.elapsed().as_secs_f64();
     let (cpu_mean, mem_peak_mib) = sampler.stop().await;
     Arm {

@@ -406,7 +406,7 @@ async fn run_jobs(
                     break;
                 };
                 let h = d.handle.clone();
-                let r = run::run(setup, mock, &h, Some(&mut d), &job).await;
+                let r = run::run(mock, &h, Some(&mut d), &job).await;
                 let verdict = match (&r.error, r.observed.as_ref().map(|o| o.check.as_str())) {
                     (Some(e), _) => format!("error: {e}"),
                     (None, Some("1")) => "check passed".into(),

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::daemon::{Drumsd, Handle, Setup};
+use crate::daemon::{Drumsd, Handle};
 use crate::fault::{Fault, Kind};
 use crate::strategy::Strategy;
 use crate::trace::{Needs, Trace};
@@ -138,13 +138,7 @@ impl Job<'_> {
 
 /// Runs `job` through drumsd `h` (whose policy is the strategy's); `d`, the
 /// daemon itself, is needed for the faults that kill it.
-pub async fn run(
-    setup: &Setup,
-    mock: &Mock,
-    h: &Handle,
-    d: Option<&mut Drumsd>,
-    job: &Job<'_>,
-) -> RunResult {
+pub async fn run(mock: &Mock, h: &Handle, d: Option<&mut Drumsd>, job: &Job<'_>) -> RunResult {
     let t0 = Instant::now();
     let mut r = RunResult {
         phase: job.phase(),
@@ -161,7 +155,6 @@ pub async fn run(
         error: None,
     };
     let mut cx = Ctx {
-        setup,
         mock,
         h,
         d,
@@ -194,11 +187,10 @@ pub async fn run(
     r
 }
 
-/// What a run works with: the eval's set-up, the mock model, the drumsd
+/// What a run works with: the mock model, the drumsd
 /// of its worker (and, for the faults that kill it, the daemon itself), and
 /// its session's name.
 struct Ctx<'a> {
-    setup: &'a Setup,
     mock: &'a Mock,
     h: &'a Handle,
     d: Option<&'a mut Drumsd>,
@@ -725,7 +717,7 @@ async fn inject(
             .map_err(|e| EvalError::Fault(format!("kill the init {pid} of {name}: {e}")))?;
         }
         Kind::Drumsd | Kind::Checkpoint => match cx.d.as_deref_mut() {
-            Some(d) => d.kill9_and_restart(&cx.setup.bin_dir).await?,
+            Some(d) => d.kill9_and_restart().await?,
             None => return Err(EvalError::Fault("no daemon to kill".into())),
         },
     }
