@@ -139,7 +139,15 @@ impl Kind {
 }
 
 /// The host's cgroup hierarchies, in the order directories are created.
+/// Read once per process: they are mounted at boot, and reading them means
+/// parsing the whole mount table, which every session's mounts make long
+/// (and every turn begin opens its session's cgroup).
 fn hierarchies() -> Vec<(Kind, PathBuf)> {
+    static FOUND: std::sync::OnceLock<Vec<(Kind, PathBuf)>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_hierarchies).clone()
+}
+
+fn find_hierarchies() -> Vec<(Kind, PathBuf)> {
     if Path::new(CGROUP_ROOT).join("cgroup.controllers").exists() {
         return vec![(Kind::V2, PathBuf::from(CGROUP_ROOT))];
     }
