@@ -8,7 +8,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use crate::{sql, Catalog, Result};
+use crate::{sql, Cached, Catalog, Result};
 
 pub(crate) const MIGRATE_7: &str = "BEGIN;
      CREATE TABLE oci_layers (
@@ -64,7 +64,7 @@ impl Catalog {
     /// recorded is fine: two pulls may share it).
     pub fn insert_layer(&self, l: &LayerRow) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "INSERT INTO oci_layers (chain_id, diff_id, parent, size, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (chain_id) DO NOTHING",
                 params![
@@ -81,7 +81,7 @@ impl Catalog {
 
     pub fn layer(&self, chain_id: &str) -> Result<Option<LayerRow>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT chain_id, diff_id, parent, size FROM oci_layers WHERE chain_id = ?1",
                 params![chain_id],
                 |r| {
@@ -101,7 +101,9 @@ impl Catalog {
     pub fn layers(&self) -> Result<Vec<LayerRow>> {
         let c = self.conn();
         let mut st = c
-            .prepare("SELECT chain_id, diff_id, parent, size FROM oci_layers ORDER BY chain_id")
+            .prepare_cached(
+                "SELECT chain_id, diff_id, parent, size FROM oci_layers ORDER BY chain_id",
+            )
             .map_err(sql("list layers"))?;
         let rows = st
             .query_map([], |r| {
@@ -121,7 +123,7 @@ impl Catalog {
     /// Removes a layer's row (its subvolume is already gone).
     pub fn delete_layer(&self, chain_id: &str) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "DELETE FROM oci_layers WHERE chain_id = ?1",
                 params![chain_id],
             )
@@ -136,7 +138,7 @@ impl Catalog {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("begin an image commit"))?;
         let layers = serde_json::to_string(&img.layers).expect("strings serialize");
-        tx.execute(
+        tx.exec_cached(
             "INSERT INTO oci_images (id, manifest_digest, layers, config, created_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
             params![
@@ -149,7 +151,7 @@ impl Catalog {
         )
         .map_err(sql("record an image"))?;
         if let Some(name) = name {
-            tx.execute(
+            tx.exec_cached(
                 "INSERT INTO oci_names (name, image_id) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET image_id = ?2",
                 params![name, img.id],
@@ -164,7 +166,7 @@ impl Catalog {
     /// any image that had it, as `podman tag` does.
     pub fn tag_image(&self, name: &str, id: &str) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "INSERT INTO oci_names (name, image_id) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET image_id = ?2",
                 params![name, id],
@@ -178,7 +180,7 @@ impl Catalog {
         let ids: Vec<String> = {
             let c = self.conn();
             let mut st = c
-                .prepare("SELECT id FROM oci_images ORDER BY created_at_ms DESC, id")
+                .prepare_cached("SELECT id FROM oci_images ORDER BY created_at_ms DESC, id")
                 .map_err(sql("list images"))?;
             let rows = st
                 .query_map([], |r| r.get(0))
@@ -200,7 +202,7 @@ impl Catalog {
     pub fn image(&self, id: &str) -> Result<Option<ImageRow>> {
         let c = self.conn();
         let row = c
-            .query_row(
+            .row_cached(
                 "SELECT id, manifest_digest, layers, config, created_at_ms
                  FROM oci_images WHERE id = ?1",
                 params![id],
@@ -226,7 +228,7 @@ impl Catalog {
                 source,
             })?;
         let mut st = c
-            .prepare("SELECT name FROM oci_names WHERE image_id = ?1 ORDER BY name")
+            .prepare_cached("SELECT name FROM oci_names WHERE image_id = ?1 ORDER BY name")
             .map_err(sql("read an image's names"))?;
         let names = st
             .query_map(params![id], |r| r.get(0))
@@ -246,7 +248,7 @@ impl Catalog {
     /// The id of the image named `name`.
     pub fn image_named(&self, name: &str) -> Result<Option<String>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT image_id FROM oci_names WHERE name = ?1",
                 params![name],
                 |r| r.get(0),
@@ -259,7 +261,7 @@ impl Catalog {
     pub fn images_with_prefix(&self, prefix: &str) -> Result<Vec<String>> {
         let c = self.conn();
         let mut st = c
-            .prepare("SELECT id FROM oci_images WHERE substr(id, 1, length(?1)) = ?1")
+            .prepare_cached("SELECT id FROM oci_images WHERE substr(id, 1, length(?1)) = ?1")
             .map_err(sql("look up an image id"))?;
         let rows = st
             .query_map(params![prefix], |r| r.get(0))
@@ -275,7 +277,7 @@ impl Catalog {
         let c = self.conn();
         let mut users = Vec::new();
         let mut st = c
-            .prepare("SELECT name FROM sessions WHERE image = ?1 ORDER BY name")
+            .prepare_cached("SELECT name FROM sessions WHERE image = ?1 ORDER BY name")
             .map_err(sql("list an image's sessions"))?;
         for r in st
             .query_map(params![id], |r| r.get::<_, String>(0))
@@ -287,7 +289,7 @@ impl Catalog {
             ));
         }
         let mut st = c
-            .prepare(
+            .prepare_cached(
                 "SELECT name FROM checkpoints
                  WHERE json_extract(manifest, '$.session.image') = ?1 ORDER BY name",
             )
@@ -309,9 +311,9 @@ impl Catalog {
     pub fn delete_image(&self, id: &str) -> Result<()> {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("begin an image removal"))?;
-        tx.execute("DELETE FROM oci_names WHERE image_id = ?1", params![id])
+        tx.exec_cached("DELETE FROM oci_names WHERE image_id = ?1", params![id])
             .map_err(sql("unname an image"))?;
-        tx.execute("DELETE FROM oci_images WHERE id = ?1", params![id])
+        tx.exec_cached("DELETE FROM oci_images WHERE id = ?1", params![id])
             .map_err(sql("remove an image"))?;
         tx.commit().map_err(sql("commit an image removal"))?;
         Ok(())
@@ -321,7 +323,7 @@ impl Catalog {
     pub fn untag_image(&self, name: &str) -> Result<bool> {
         let n = self
             .conn()
-            .execute("DELETE FROM oci_names WHERE name = ?1", params![name])
+            .exec_cached("DELETE FROM oci_names WHERE name = ?1", params![name])
             .map_err(sql("unname an image"))?;
         Ok(n > 0)
     }

@@ -20,7 +20,7 @@
 use drums_api::CommandState;
 use rusqlite::{params, OptionalExtension};
 
-use crate::{sql, Catalog, Result};
+use crate::{sql, Cached, Catalog, Result};
 
 /// One answered request of a session's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl Catalog {
     /// the session says ([`Catalog::coordinate_outside`]).
     pub fn coordinate(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "INSERT INTO coordinated (session_id, agent_pid, since_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT (session_id) DO UPDATE SET agent_pid =
                      CASE WHEN outside = 1 THEN NULL ELSE COALESCE(?2, agent_pid) END",
@@ -121,7 +121,7 @@ impl Catalog {
     /// agent decides, not the session (docs/security.md).
     pub fn coordinate_outside(&self, id: &str) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "INSERT INTO coordinated (session_id, agent_pid, since_ms, outside)
                  VALUES (?1, NULL, ?2, 1)
                  ON CONFLICT (session_id) DO UPDATE SET agent_pid = NULL, outside = 1",
@@ -145,7 +145,7 @@ impl Catalog {
     pub fn coordinated(&self) -> Result<Vec<(String, Option<i32>)>> {
         let c = self.conn();
         let mut st = c
-            .prepare(
+            .prepare_cached(
                 "SELECT session_id, CASE WHEN outside = 1 THEN NULL ELSE agent_pid END
                  FROM coordinated ORDER BY since_ms",
             )
@@ -171,7 +171,7 @@ impl Catalog {
     /// The pid inside session `id` of the agent living there, if one does.
     pub fn agent_of(&self, id: &str) -> Result<Option<i32>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT agent_pid FROM coordinated WHERE session_id = ?1 AND outside = 0",
                 params![id],
                 |r| r.get(0),
@@ -189,7 +189,7 @@ impl Catalog {
         let headers = serde_json::to_string(&x.headers).expect("strings serialize");
         let size = (headers.len() + x.body.len()) as u64;
         self.conn()
-            .execute(
+            .exec_cached(
                 "INSERT OR REPLACE INTO llm_exchanges
                  (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
                  VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -212,7 +212,7 @@ impl Catalog {
     pub fn exchange(&self, id: &str, seq: u64) -> Result<Option<Exchange>> {
         let row = self
             .conn()
-            .query_row(
+            .row_cached(
                 "SELECT seq, request_sha, status, headers, body, version FROM llm_exchanges
                  WHERE session_id = ?1 AND branch = 0 AND seq = ?2",
                 params![id, seq as i64],
@@ -246,7 +246,7 @@ impl Catalog {
     /// The length of session `id`'s live log.
     pub fn exchanges_len(&self, id: &str) -> Result<u64> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM llm_exchanges
                  WHERE session_id = ?1 AND branch = 0",
                 params![id],
@@ -260,7 +260,7 @@ impl Catalog {
     /// `version`.
     pub fn exchange_of_version(&self, id: &str, version: &str) -> Result<Option<u64>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT seq FROM llm_exchanges
                  WHERE session_id = ?1 AND branch = 0 AND version = ?2",
                 params![id, version],
@@ -277,13 +277,13 @@ impl Catalog {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("fork the exchange log"))?;
         let branch: i64 = tx
-            .query_row(
+            .row_cached(
                 "SELECT COALESCE(MAX(branch), 0) + 1 FROM llm_exchanges WHERE session_id = ?1",
                 params![id],
                 |r| r.get(0),
             )
             .map_err(sql("fork the exchange log"))?;
-        tx.execute(
+        tx.exec_cached(
             "UPDATE llm_exchanges SET branch = ?3
              WHERE session_id = ?1 AND branch = 0 AND seq >= ?2",
             params![id, seq as i64, branch],
@@ -296,7 +296,7 @@ impl Catalog {
     /// How many branches the log of session `id` has forked off.
     pub fn exchange_forks(&self, id: &str) -> Result<u64> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT COALESCE(MAX(branch), 0) FROM llm_exchanges WHERE session_id = ?1",
                 params![id],
                 |r| r.get::<_, i64>(0),
@@ -310,7 +310,7 @@ impl Catalog {
     pub fn exchanges_size(&self, id: &str) -> Result<(u64, u64)> {
         // length() of a blob is read from the row's header, not its content.
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT COUNT(*), COALESCE(SUM(LENGTH(body) + LENGTH(headers)), 0)
                  FROM llm_exchanges WHERE session_id = ?1",
                 params![id],
@@ -327,7 +327,7 @@ impl Catalog {
     /// Returns how many went.
     pub fn prune_exchanges(&self, id: &str, floor: u64) -> Result<u64> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "DELETE FROM llm_exchanges WHERE session_id = ?1 AND seq < ?2
                  AND NOT (branch = 0 AND seq = (SELECT MAX(seq) FROM llm_exchanges
                                                 WHERE session_id = ?1 AND branch = 0))",
@@ -345,7 +345,7 @@ impl Catalog {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("log a turn record"))?;
         let seq: i64 = tx
-            .query_row(
+            .row_cached(
                 "INSERT INTO coordinated_turns (session_id, seq, record)
                  VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM coordinated_turns
                               WHERE session_id = ?1), ?2)
@@ -354,7 +354,7 @@ impl Catalog {
                 |r| r.get(0),
             )
             .map_err(sql("log a turn record"))?;
-        tx.execute(
+        tx.exec_cached(
             "DELETE FROM coordinated_turns WHERE session_id = ?1 AND seq <= ?2",
             params![id, seq - keep.min(i64::MAX as u64) as i64],
         )
@@ -367,7 +367,7 @@ impl Catalog {
     pub fn turn_records(&self, id: &str, limit: u64) -> Result<Vec<String>> {
         let c = self.conn();
         let mut st = c
-            .prepare(
+            .prepare_cached(
                 "SELECT record FROM (SELECT seq, record FROM coordinated_turns
                  WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
             )
@@ -389,7 +389,7 @@ impl Catalog {
         request: &str,
     ) -> Result<u64> {
         let c = self.conn();
-        c.query_row(
+        c.row_cached(
             "INSERT INTO commands (session_id, seq, position, turn, request, state, started_at_ms)
              VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM commands WHERE session_id = ?1),
                      ?2, ?3, ?4, 'running', ?5)
@@ -411,7 +411,7 @@ impl Catalog {
     /// recovery (`reissued`).
     pub fn end_command(&self, id: &str, seq: u64, state: CommandState) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE commands SET state = ?3, ended_at_ms = ?4 WHERE session_id = ?1 AND seq = ?2",
                 params![id, seq as i64, state, crate::now_ms()],
             )
@@ -424,7 +424,7 @@ impl Catalog {
     /// many.
     pub fn interrupt_running_commands(&self) -> Result<usize> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE commands SET state = 'interrupted', ended_at_ms = ?1 WHERE state = 'running'",
                 params![crate::now_ms()],
             )
@@ -435,7 +435,7 @@ impl Catalog {
     pub fn commands(&self, id: &str) -> Result<Vec<Command>> {
         let c = self.conn();
         let mut st = c
-            .prepare(
+            .prepare_cached(
                 "SELECT seq, position, turn, request, state, started_at_ms FROM commands
                  WHERE session_id = ?1 ORDER BY seq",
             )

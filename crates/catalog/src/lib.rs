@@ -83,6 +83,39 @@ fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> CatalogError {
     move |source| CatalogError::Sql { op, source }
 }
 
+/// `execute` and `query_row` through the connection's statement cache.
+/// SQLite parses a statement in about as long as it runs a small one, and
+/// the coordinator's turn boundary runs the same few statements on every
+/// model call (docs/coordinator.md, "the turn boundary's cost").
+trait Cached {
+    fn exec_cached(&self, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize>;
+    fn row_cached<T>(
+        &self,
+        sql: &str,
+        p: impl rusqlite::Params,
+        f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn exec_cached(&self, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(p)
+    }
+
+    fn row_cached<T>(
+        &self,
+        sql: &str,
+        p: impl rusqlite::Params,
+        f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        self.prepare_cached(sql)?.query_row(p, f)
+    }
+}
+
+/// Statements kept parsed per connection: every distinct one of the
+/// catalog's fits.
+const STATEMENT_CACHE: usize = 256;
+
 /// Whether `query` finds at least one row.
 fn any_row(
     c: &Connection,
@@ -90,7 +123,7 @@ fn any_row(
     p: impl rusqlite::Params,
     op: &'static str,
 ) -> Result<bool> {
-    c.query_row(query, p, |_| Ok(()))
+    c.row_cached(query, p, |_| Ok(()))
         .optional()
         .map(|row| row.is_some())
         .map_err(sql(op))
@@ -208,7 +241,23 @@ pub struct IdPool {
 
 pub struct Catalog {
     conn: Mutex<Connection>,
+    /// Sessions as [`Catalog::session`] last read them, by the name or id
+    /// asked for, and the connection's `total_changes` then. Valid while no
+    /// row changed through this connection since: every write of the
+    /// sessions table is one (the journal's connection writes only its own
+    /// tables). A session is looked up several times at every turn boundary,
+    /// and a read of SQLite there costs a read transaction of its WAL.
+    seen: Mutex<Seen>,
 }
+
+#[derive(Default)]
+struct Seen {
+    changes: u64,
+    sessions: std::collections::HashMap<String, SessionRecord>,
+}
+
+/// Sessions kept by [`Catalog::session`] at most; past that it starts over.
+const SEEN_MAX: usize = 4096;
 
 impl Catalog {
     pub fn open(path: &Path) -> Result<Catalog> {
@@ -231,9 +280,11 @@ impl Catalog {
             .map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(open_err)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&conn)?;
         Ok(Catalog {
             conn: Mutex::new(conn),
+            seen: Mutex::default(),
         })
     }
 
@@ -258,6 +309,7 @@ impl Catalog {
         migrate(&conn)?;
         Ok(Catalog {
             conn: Mutex::new(conn),
+            seen: Mutex::default(),
         })
     }
 
@@ -273,13 +325,13 @@ impl Catalog {
     /// returns the existing row, so retries are safe.
     pub fn record(&self, owner: &str, kind: ResourceKind, key: &str) -> Result<i64> {
         let c = self.conn();
-        c.execute(
+        c.exec_cached(
             "INSERT INTO resources (owner, kind, key, created_at_ms) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (kind, key) DO NOTHING",
             params![owner, kind.as_str(), key, now_ms()],
         )
         .map_err(sql("record resource"))?;
-        c.query_row(
+        c.row_cached(
             "SELECT seq FROM resources WHERE kind = ?1 AND key = ?2",
             params![kind.as_str(), key],
             |r| r.get(0),
@@ -290,7 +342,7 @@ impl Catalog {
     /// Forget a resource, *after* it is gone.
     pub fn release(&self, seq: i64) -> Result<()> {
         self.conn()
-            .execute("DELETE FROM resources WHERE seq = ?1", params![seq])
+            .exec_cached("DELETE FROM resources WHERE seq = ?1", params![seq])
             .map_err(sql("release resource"))?;
         Ok(())
     }
@@ -308,7 +360,7 @@ impl Catalog {
     fn resources(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<Resource>> {
         let c = self.conn();
         let mut st = c
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT seq, owner, kind, key FROM resources {tail}"
             ))
             .map_err(sql("list resources"))?;
@@ -359,7 +411,7 @@ impl Catalog {
             .map_err(sql("begin insert session"))?;
         if let Some(max) = max {
             let held: u64 = tx
-                .query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))
+                .row_cached("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))
                 .map_err(sql("count sessions"))?;
             if held >= max {
                 return Err(CatalogError::TooManySessions { held, max });
@@ -389,7 +441,7 @@ impl Catalog {
         if let Some(pool) = pool {
             let used: std::collections::HashSet<u32> = {
                 let mut st = tx
-                    .prepare("SELECT ip FROM sessions WHERE ip IS NOT NULL")
+                    .prepare_cached("SELECT ip FROM sessions WHERE ip IS NOT NULL")
                     .map_err(sql("list addresses"))?;
                 let ips = st
                     .query_map([], |r| r.get::<_, String>(0))
@@ -422,7 +474,7 @@ impl Catalog {
         if let Some(ids) = ids {
             let used: std::collections::HashSet<u32> = {
                 let mut st = tx
-                    .prepare("SELECT id_base FROM sessions WHERE id_base IS NOT NULL")
+                    .prepare_cached("SELECT id_base FROM sessions WHERE id_base IS NOT NULL")
                     .map_err(sql("list id ranges"))?;
                 let bases = st
                     .query_map([], |r| r.get::<_, u32>(0))
@@ -442,7 +494,7 @@ impl Catalog {
                 })?;
             rec.id_base = Some(base);
         }
-        tx.execute(
+        tx.exec_cached(
             "INSERT INTO sessions (id, name, profile, image, state, hostname, network, ip, mac, limits, init_pid, created_at_ms, generation, origin, egress, privileged, id_base, pool)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
             params![
@@ -466,7 +518,7 @@ impl Catalog {
         init_pid: Option<i32>,
     ) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE sessions SET state = ?2, init_pid = COALESCE(?3, init_pid) WHERE id = ?1",
                 params![id, state, init_pid],
             )
@@ -478,11 +530,11 @@ impl Catalog {
     pub fn delete_session(&self, id: &str) -> Result<()> {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("delete session"))?;
-        tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])
+        tx.exec_cached("DELETE FROM sessions WHERE id = ?1", params![id])
             .map_err(sql("delete session"))?;
         for statement in journal::DELETE_SESSION.split_terminator(';') {
             if !statement.trim().is_empty() {
-                tx.execute(statement, params![id])
+                tx.exec_cached(statement, params![id])
                     .map_err(sql("delete session's journal"))?;
             }
         }
@@ -493,20 +545,35 @@ impl Catalog {
     /// A session by id or by name.
     pub fn session(&self, id_or_name: &str) -> Result<Option<SessionRecord>> {
         let c = self.conn();
+        let changes = c.total_changes();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.changes != changes || seen.sessions.len() >= SEEN_MAX {
+            *seen = Seen {
+                changes,
+                sessions: Default::default(),
+            };
+        }
+        if let Some(r) = seen.sessions.get(id_or_name) {
+            return Ok(Some(r.clone()));
+        }
         let mut st = c
-            .prepare(&format!("{SELECT_SESSION} WHERE id = ?1 OR name = ?1"))
+            .prepare_cached(&format!("{SELECT_SESSION} WHERE id = ?1 OR name = ?1"))
             .map_err(sql("get session"))?;
         let row = st
             .query_row(params![id_or_name], row_to_raw)
             .optional()
             .map_err(sql("get session"))?;
-        row.map(decode).transpose()
+        let found = row.map(decode).transpose()?;
+        if let Some(r) = &found {
+            seen.sessions.insert(id_or_name.to_owned(), r.clone());
+        }
+        Ok(found)
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionRecord>> {
         let c = self.conn();
         let mut st = c
-            .prepare(&format!("{SELECT_SESSION} ORDER BY created_at_ms, id"))
+            .prepare_cached(&format!("{SELECT_SESSION} ORDER BY created_at_ms, id"))
             .map_err(sql("list sessions"))?;
         let rows = st.query_map([], row_to_raw).map_err(sql("list sessions"))?;
         let mut out = Vec::new();
@@ -730,6 +797,28 @@ mod tests {
     };
 
     #[test]
+    fn a_session_read_again_is_what_the_last_write_left() {
+        let c = Catalog::in_memory().unwrap();
+        c.insert_session(rec("a", "one"), None, None, None).unwrap();
+        // Read twice (the second from what the first kept), by id and name.
+        for key in ["a", "one", "a", "one"] {
+            assert_eq!(
+                c.session(key).unwrap().unwrap().state,
+                SessionState::Creating
+            );
+        }
+        c.set_session_state("a", SessionState::Running, Some(42))
+            .unwrap();
+        for key in ["a", "one"] {
+            let r = c.session(key).unwrap().unwrap();
+            assert_eq!((r.state, r.init_pid), (SessionState::Running, Some(42)));
+        }
+        c.delete_session("a").unwrap();
+        assert!(c.session("a").unwrap().is_none());
+        assert!(c.session("one").unwrap().is_none());
+    }
+
+    #[test]
     fn id_ranges_are_allocated_lowest_first_and_freed_with_the_session() {
         let ids = IdPool {
             first: 1 << 20,
@@ -845,7 +934,7 @@ mod tests {
         // Schema 3's column is there, with its default.
         let privileged: i64 = c
             .conn()
-            .query_row(
+            .row_cached(
                 "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'privileged'",
                 [],
                 |r| r.get(0),

@@ -7,7 +7,8 @@
 use rusqlite::{params, OptionalExtension};
 
 use crate::{
-    any_row, decode, row_to_raw, sql, Catalog, CatalogError, Result, SessionRecord, SELECT_SESSION,
+    any_row, decode, row_to_raw, sql, Cached, Catalog, CatalogError, Result, SessionRecord,
+    SELECT_SESSION,
 };
 
 /// Most members one pool keeps ready (as many as one restore makes).
@@ -75,7 +76,7 @@ impl Catalog {
                 name: p.name.clone(),
             });
         }
-        tx.execute(
+        tx.exec_cached(
             "INSERT INTO pools (id, name, checkpoint_id, size, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![p.id, p.name, p.checkpoint_id, p.size, p.created_at_ms],
         )
@@ -86,7 +87,7 @@ impl Catalog {
     /// A pool by id or by name.
     pub fn pool(&self, id_or_name: &str) -> Result<Option<PoolRecord>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 &format!("{SELECT_POOL} WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1"),
                 params![id_or_name],
                 row_to_pool,
@@ -98,7 +99,7 @@ impl Catalog {
     pub fn pools(&self) -> Result<Vec<PoolRecord>> {
         let c = self.conn();
         let mut st = c
-            .prepare(&format!("{SELECT_POOL} ORDER BY created_at_ms, id"))
+            .prepare_cached(&format!("{SELECT_POOL} ORDER BY created_at_ms, id"))
             .map_err(sql("list pools"))?;
         let rows = st.query_map([], row_to_pool).map_err(sql("list pools"))?;
         rows.collect::<rusqlite::Result<_>>()
@@ -109,7 +110,7 @@ impl Catalog {
     pub fn pools_of_checkpoint(&self, checkpoint_id: &str) -> Result<Vec<String>> {
         let c = self.conn();
         let mut st = c
-            .prepare("SELECT name FROM pools WHERE checkpoint_id = ?1 ORDER BY name")
+            .prepare_cached("SELECT name FROM pools WHERE checkpoint_id = ?1 ORDER BY name")
             .map_err(sql("list pools of checkpoint"))?;
         let rows = st
             .query_map(params![checkpoint_id], |r| r.get(0))
@@ -120,7 +121,7 @@ impl Catalog {
 
     pub fn delete_pool(&self, id: &str) -> Result<()> {
         self.conn()
-            .execute("DELETE FROM pools WHERE id = ?1", params![id])
+            .exec_cached("DELETE FROM pools WHERE id = ?1", params![id])
             .map_err(sql("delete pool"))?;
         Ok(())
     }
@@ -129,7 +130,7 @@ impl Catalog {
     pub fn pool_members(&self, pool_id: &str) -> Result<Vec<SessionRecord>> {
         let c = self.conn();
         let mut st = c
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "{SELECT_SESSION} WHERE pool = ?1 ORDER BY created_at_ms, id"
             ))
             .map_err(sql("list pool members"))?;
@@ -147,7 +148,7 @@ impl Catalog {
     /// `pool`, so each member is taken once however many ask at a time.
     pub fn take_member(&self, pool_id: &str) -> Result<Option<String>> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "UPDATE sessions SET pool = NULL WHERE id = (
                      SELECT id FROM sessions
                      WHERE pool = ?1 AND state = 'running'
@@ -164,7 +165,7 @@ impl Catalog {
     /// removed): whether it was still in one.
     pub fn leave_pool(&self, session_id: &str) -> Result<bool> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE sessions SET pool = NULL WHERE id = ?1 AND pool IS NOT NULL",
                 params![session_id],
             )
@@ -176,7 +177,7 @@ impl Catalog {
     /// counts).
     pub fn session_count(&self) -> Result<u64> {
         self.conn()
-            .query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))
+            .row_cached("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))
             .map_err(sql("count sessions"))
     }
 }

@@ -17,7 +17,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::{any_row, sql, Catalog, CatalogError, Result, VersionState};
+use crate::{any_row, sql, Cached, Catalog, CatalogError, Result, VersionState};
 
 /// A version as the catalog stores it. Its manifest lives next to its
 /// artifacts (`manifest.json`); this copy makes listing cheap.
@@ -100,7 +100,7 @@ impl Catalog {
         let number: Option<i64> = match rec.number {
             None => None,
             Some(_) => Some(
-                c.query_row(
+                c.row_cached(
                     "SELECT COALESCE(MAX(version), 0) + 1 FROM checkpoints WHERE session_id = ?1",
                     params![rec.session_id],
                     |r| r.get(0),
@@ -108,7 +108,7 @@ impl Catalog {
                 .map_err(sql("number a version"))?,
             ),
         };
-        let r = c.execute(
+        let r = c.exec_cached(
             "INSERT INTO checkpoints (id, name, session_id, state, created_at_ms, manifest,
                  version, parent, pinned, files_of, process_of)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -159,7 +159,7 @@ impl Catalog {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql("begin publish version"))?;
         let n = tx
-            .execute(
+            .exec_cached(
                 "UPDATE checkpoints SET state = 'done', manifest = ?2, files_of = ?3, process_of = ?4
                  WHERE id = ?1 AND state IN ('pending', 'dumping', 'versioning')",
                 params![id, manifest.to_string(), files_of, process_of],
@@ -169,7 +169,7 @@ impl Catalog {
             // Dropping the transaction rolls it back: nothing is released.
             return Err(CatalogError::NotPending(id.to_owned()));
         }
-        tx.execute("DELETE FROM resources WHERE owner = ?1", params![owner])
+        tx.exec_cached("DELETE FROM resources WHERE owner = ?1", params![owner])
             .map_err(sql("release the published version's resources"))?;
         tx.commit().map_err(sql("commit publish version"))?;
         Ok(())
@@ -177,7 +177,7 @@ impl Catalog {
 
     pub fn set_version_state(&self, id: &str, state: VersionState) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE checkpoints SET state = ?2 WHERE id = ?1",
                 params![id, state],
             )
@@ -187,7 +187,7 @@ impl Catalog {
 
     pub fn delete_version(&self, id: &str) -> Result<()> {
         self.conn()
-            .execute("DELETE FROM checkpoints WHERE id = ?1", params![id])
+            .exec_cached("DELETE FROM checkpoints WHERE id = ?1", params![id])
             .map_err(sql("delete version"))?;
         Ok(())
     }
@@ -197,7 +197,7 @@ impl Catalog {
     /// when the last session restored from it goes.
     pub fn set_with_siblings(&self, id: &str) -> Result<()> {
         self.conn()
-            .execute(
+            .exec_cached(
                 "UPDATE checkpoints SET with_siblings = 1 WHERE id = ?1",
                 params![id],
             )
@@ -218,7 +218,7 @@ impl Catalog {
     pub fn version(&self, id_or_name: &str) -> Result<Option<VersionRecord>> {
         let c = self.conn();
         let mut st = c
-            .prepare(&format!("{SELECT_VERSION} WHERE id = ?1 OR name = ?1"))
+            .prepare_cached(&format!("{SELECT_VERSION} WHERE id = ?1 OR name = ?1"))
             .map_err(sql("get version"))?;
         let row = st
             .query_row(params![id_or_name], row_to_version)
@@ -249,7 +249,7 @@ impl Catalog {
     /// artifact goes only when this is zero.
     pub fn artifact_users(&self, id: &str) -> Result<u64> {
         self.conn()
-            .query_row(
+            .row_cached(
                 "SELECT COUNT(*) FROM checkpoints WHERE files_of = ?1 OR process_of = ?1 OR id = ?1",
                 params![id],
                 |r| r.get::<_, i64>(0),
@@ -260,7 +260,7 @@ impl Catalog {
 
     fn query_versions(&self, q: &str, p: impl rusqlite::Params) -> Result<Vec<VersionRecord>> {
         let c = self.conn();
-        let mut st = c.prepare(q).map_err(sql("list versions"))?;
+        let mut st = c.prepare_cached(q).map_err(sql("list versions"))?;
         let rows = st
             .query_map(p, row_to_version)
             .map_err(sql("list versions"))?;
