@@ -65,9 +65,7 @@ pub async fn proxy(
         return Err(Failure::usage("-n must be at least 1"));
     }
     let mock = start_mock(mock_port).await?;
-    let m = Made::new(c);
-    let r = run(&m, n, turns, at, mock, as_json).await;
-    let out = m.finish(r).await?;
+    let out = measure(c, n, turns, at, mock, as_json).await?;
     if as_json {
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
     } else {
@@ -86,11 +84,23 @@ pub(crate) async fn proxy_json(
     at: SocketAddr,
     mock: SocketAddr,
 ) -> Result<Value, Failure> {
+    measure(c, n, turns, at, mock, true).await
+}
+
+/// The bench's parts, and then what they made removed, however they ended.
+async fn measure(
+    c: &Client,
+    n: usize,
+    turns: usize,
+    at: SocketAddr,
+    mock: SocketAddr,
+    as_json: bool,
+) -> Result<Value, Failure> {
     if n == 0 {
         return Err(Failure::usage("-n must be at least 1"));
     }
     let m = Made::new(c);
-    let r = run(&m, n, turns, at, mock, true).await;
+    let r = run(&m, n, turns, at, mock, as_json).await;
     m.finish(r).await
 }
 
