@@ -192,6 +192,17 @@ impl Private {
                 });
             }
             if Instant::now() > deadline {
+                // Stopped as any drumsd is, so that it removes what it made
+                // so far (dropping the child would SIGKILL it).
+                if let Some(mut c) = self.child.take() {
+                    if let Some(pid) = c.id() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGTERM,
+                        );
+                    }
+                    let _ = tokio::time::timeout(DOWN_WITHIN, c.wait()).await;
+                }
                 return Err(DaemonError::NotUp {
                     secs: UP_WITHIN.as_secs(),
                     log: log_path,
