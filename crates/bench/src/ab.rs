@@ -229,12 +229,13 @@ async fn measure(
             arm.label,
             arm.drumsd.display()
         )))?;
+        // Kept before anything else can fail: the caller stops it.
+        let d = arm.daemon.insert(d);
         let v: drums_api::Version = d
             .client
             .json(hyper::Method::GET, "/v1/version", None::<&()>)
             .await?;
         arm.version = v.version;
-        arm.daemon = Some(d);
     }
     let mut status = exit::OK;
     for s in 0..ab.segments {
