@@ -241,23 +241,7 @@ pub struct IdPool {
 
 pub struct Catalog {
     conn: Mutex<Connection>,
-    /// Sessions as [`Catalog::session`] last read them, by the name or id
-    /// asked for, and the connection's `total_changes` then. Valid while no
-    /// row changed through this connection since: every write of the
-    /// sessions table is one (the journal's connection writes only its own
-    /// tables). A session is looked up several times at every turn boundary,
-    /// and a read of SQLite there costs a read transaction of its WAL.
-    seen: Mutex<Seen>,
 }
-
-#[derive(Default)]
-struct Seen {
-    changes: u64,
-    sessions: std::collections::HashMap<String, SessionRecord>,
-}
-
-/// Sessions kept by [`Catalog::session`] at most; past that it starts over.
-const SEEN_MAX: usize = 4096;
 
 impl Catalog {
     pub fn open(path: &Path) -> Result<Catalog> {
@@ -284,7 +268,6 @@ impl Catalog {
         migrate(&conn)?;
         Ok(Catalog {
             conn: Mutex::new(conn),
-            seen: Mutex::default(),
         })
     }
 
@@ -309,7 +292,6 @@ impl Catalog {
         migrate(&conn)?;
         Ok(Catalog {
             conn: Mutex::new(conn),
-            seen: Mutex::default(),
         })
     }
 
@@ -545,17 +527,6 @@ impl Catalog {
     /// A session by id or by name.
     pub fn session(&self, id_or_name: &str) -> Result<Option<SessionRecord>> {
         let c = self.conn();
-        let changes = c.total_changes();
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.changes != changes || seen.sessions.len() >= SEEN_MAX {
-            *seen = Seen {
-                changes,
-                sessions: Default::default(),
-            };
-        }
-        if let Some(r) = seen.sessions.get(id_or_name) {
-            return Ok(Some(r.clone()));
-        }
         let mut st = c
             .prepare_cached(&format!("{SELECT_SESSION} WHERE id = ?1 OR name = ?1"))
             .map_err(sql("get session"))?;
@@ -563,11 +534,7 @@ impl Catalog {
             .query_row(params![id_or_name], row_to_raw)
             .optional()
             .map_err(sql("get session"))?;
-        let found = row.map(decode).transpose()?;
-        if let Some(r) = &found {
-            seen.sessions.insert(id_or_name.to_owned(), r.clone());
-        }
-        Ok(found)
+        row.map(decode).transpose()
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionRecord>> {
