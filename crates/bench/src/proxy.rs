@@ -61,9 +61,6 @@ pub async fn proxy(
     mock_port: u16,
     as_json: bool,
 ) -> Result<i32, Failure> {
-    if n == 0 {
-        return Err(Failure::usage("-n must be at least 1"));
-    }
     let mock = start_mock(mock_port).await?;
     let out = measure(c, n, turns, at, mock, as_json).await?;
     if as_json {
