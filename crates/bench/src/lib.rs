@@ -75,9 +75,12 @@ pub async fn run(g: &Global, cmd: &BenchCommand) -> Result<i32, Failure> {
             let mock = proxy::start_mock(0).await?;
             let turns = *turns;
             let run = move |c: Client, at, n| -> LocalBoxFuture<'static, _> {
-                Box::pin(
-                    async move { Ok((proxy::proxy_json(&c, n, turns, at, mock).await?, exit::OK)) },
-                )
+                Box::pin(async move {
+                    Ok((
+                        proxy::measure(&c, n, turns, at, mock, true).await?,
+                        exit::OK,
+                    ))
+                })
             };
             let args = vec!["--llm-upstream".into(), format!("openai=http://{mock}")];
             return ab::run(&ab_of(g, ab), "proxy", *n, args, *json, Box::new(run)).await;

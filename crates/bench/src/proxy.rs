@@ -71,21 +71,10 @@ pub async fn proxy(
     Ok(exit::OK)
 }
 
-/// One run against the proxy at `at`, whose drumsd sends OpenAI requests
-/// to the mock at `mock` ([`start_mock`]), as JSON: `--ab`'s segments
-/// (ab.rs).
-pub(crate) async fn proxy_json(
-    c: &Client,
-    n: usize,
-    turns: usize,
-    at: SocketAddr,
-    mock: SocketAddr,
-) -> Result<Value, Failure> {
-    measure(c, n, turns, at, mock, true).await
-}
-
-/// The bench's parts, and then what they made removed, however they ended.
-async fn measure(
+/// The bench's parts against the proxy at `at`, whose drumsd sends OpenAI
+/// requests to the mock at `mock` ([`start_mock`]), and then what they made
+/// removed, however they ended; also `--ab`'s segments (ab.rs).
+pub(crate) async fn measure(
     c: &Client,
     n: usize,
     turns: usize,
