@@ -640,3 +640,57 @@ async fn fork_at_a_version_branches_from_it() {
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
 }
+
+/// A files-only version freezes the session for its snapshot. Being frozen
+/// wakes every sleeping process (into the freezer, and back to its sleep
+/// after the thaw): that is no work of theirs, so the next turn that writes
+/// only a file is still class `files`, and its version files-only, again and
+/// again (before, every other one was `both`, and full). A process that runs
+/// on its own between turns is still seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes() {
+    let mut d = TestDaemon::start();
+    let s = d
+        .create(&CreateSession {
+            name: Some("frz".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let start = format!("{SERVER}; (cd / && nohup sleep 100000 >/dev/null 2>&1 &)");
+    let v1 = took(&turn(&d, "frz", &start, Policy::Selective).await);
+    assert_eq!(v1.took, "full", "{v1:#?}");
+    for k in 2..=5 {
+        let e = turn(&d, "frz", &format!("echo {k} > /root/f{k}"), Policy::Selective).await;
+        assert_eq!(
+            e.class,
+            drums_api::TurnClass::Files,
+            "turn {k} after a files-only version: {e:#?}"
+        );
+        let v = took(&e);
+        assert_eq!(v.took, "files", "{v:#?}");
+        assert_eq!(v.process_of.as_deref(), Some(v1.id.as_str()), "{v:#?}");
+    }
+    // The server still answers, from the memory it had.
+    assert_eq!(ask(&d, "frz", "get").trim(), "0");
+
+    // A process that wakes on its own every 20 ms: each turn sees it ran.
+    let e = turn(
+        &d,
+        "frz",
+        "cd / && (nohup sh -c 'while :; do sleep 0.02; done' >/dev/null 2>&1 &)",
+        Policy::Selective,
+    )
+    .await;
+    assert_ne!(e.class, drums_api::TurnClass::Files, "{e:#?}");
+    for k in 6..=7 {
+        let e = turn(&d, "frz", &format!("echo {k} > /root/f{k}"), Policy::Selective).await;
+        assert_eq!(e.class, drums_api::TurnClass::Both, "turn {k}: {e:#?}");
+        assert!(
+            e.dirtied.iter().any(|p| p.comm == "sh"),
+            "the loop's shell ran: {e:#?}"
+        );
+    }
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}

@@ -190,15 +190,21 @@ impl Programs {
             })
     }
 
-    /// Take the set of processes that returned from a syscall while resuming.
-    pub fn returned(&self) -> std::collections::BTreeSet<u32> {
+    /// Take, of processes `tgids`, those that returned to their own code
+    /// while their session was resuming. Only theirs: the map is every
+    /// session's, and another may be resuming at the same time.
+    pub fn returned(&self, tgids: impl IntoIterator<Item = u32>) -> std::collections::BTreeSet<u32> {
         let map = &self.skel.maps.returned;
-        let keys: Vec<Vec<u8>> = map.keys().collect();
-        for k in &keys {
-            let _ = map.delete(k);
-        }
-        keys.iter()
-            .filter_map(|k| Some(u32::from_ne_bytes(k.as_slice().try_into().ok()?)))
+        tgids
+            .into_iter()
+            .filter(|t| {
+                let k = t.to_ne_bytes();
+                let seen = matches!(map.lookup(&k, MapFlags::ANY), Ok(Some(_)));
+                if seen {
+                    let _ = map.delete(&k);
+                }
+                seen
+            })
             .collect()
     }
 

@@ -47,6 +47,10 @@ use crate::window::{Holders, Window};
 /// as only restarting its interrupted syscall (measured: 10-30 us).
 const RESUME_RUNTIME_NS: u64 = 200_000;
 
+/// How long [`Inspector::thawed`] waits at most for thawed processes to be
+/// asleep again.
+const THAW_SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How often the ring buffer is drained between turn ends.
 const DRAIN_INTERVAL_MS: i32 = 100;
 
@@ -91,6 +95,16 @@ pub struct Target {
     /// which are not the session's state: changes to these paths, or below
     /// those ending in '/', are not effects.
     pub ignore: Vec<String>,
+}
+
+/// What [`Inspector::freezing`] saw before drums froze a session.
+#[derive(Debug)]
+pub struct Pause {
+    epoch: u64,
+    /// The session's tracked processes then, but those with a thread running
+    /// or runnable: such a one may have run its own code before the freezer
+    /// stopped it, so its cost is never taken back.
+    before: Snapshot,
 }
 
 /// Loads the BPF programs when the first session is watched and unloads them
@@ -358,10 +372,12 @@ impl Inspector {
             return Ok(());
         }
         let loaded = st.loaded.as_ref().expect("watched");
-        loaded.progs.returned(); // empty it
         let tasks = loaded.progs.tasks()?;
+        let baseline = Snapshot::from_tasks(&tasks, st.watches[session].target.cgroup_id);
+        // Empty its processes' notes: they count from now.
+        loaded.progs.returned(baseline.tgids());
         let w = st.watches.get_mut(session).expect("watched");
-        w.baseline = Snapshot::from_tasks(&tasks, w.target.cgroup_id);
+        w.baseline = baseline;
         w.window = Window::default();
         Ok(())
     }
@@ -382,8 +398,8 @@ impl Inspector {
         let loaded = st.loaded.as_ref().expect("watched");
         let tasks = loaded.progs.tasks()?;
         loaded.progs.set_epoch(cgroup, epoch, false)?;
-        let returned = loaded.progs.returned();
         let now = Snapshot::from_tasks(&tasks, cgroup);
+        let returned = loaded.progs.returned(now.tgids());
         let w = st.watches.get_mut(session).expect("checked above");
         for (k, frozen) in w.baseline.procs.iter_mut() {
             let Some(n) = now.procs.get(k) else { continue };
@@ -392,6 +408,101 @@ impl Inspector {
                 && n.runtime_ns.saturating_sub(frozen.runtime_ns) < RESUME_RUNTIME_NS;
             if quiet {
                 *frozen = n.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// drums is about to freeze the session for a moment of its own (to
+    /// snapshot a version's files), with no dump: unlike CRIU's, such a
+    /// pause is no boundary, and what the processes did before it stays in
+    /// the window. Being frozen and thawed costs a sleeping process a wake-up
+    /// (it enters the freezer and its syscall restarts), which must not count
+    /// as its work, or every turn after a files-only version would look
+    /// stateful, and its version be full. [`Inspector::thawed`] takes that
+    /// cost back out. None if the session is not watched.
+    pub fn freezing(&self, session: &str) -> Result<Option<Pause>, InspectError> {
+        let st = self.state();
+        let Some(w) = st.watches.get(session) else {
+            return Ok(None);
+        };
+        let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
+        let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+        // Old notes go first; from here on a process's return to its own
+        // code is noted, so one before `before` shows in its run time and
+        // one after in `returned`.
+        let stale = Snapshot::from_tasks(&loaded.progs.tasks()?, cgroup);
+        loaded.progs.returned(stale.tgids());
+        loaded.progs.set_epoch(cgroup, epoch, true)?;
+        let mut before = Snapshot::from_tasks(&loaded.progs.tasks()?, cgroup);
+        // drums' own processes are no effect, and one running now may be
+        // in its own code, where nothing shows what it does.
+        before.procs.retain(|k, _| !w.excluded.contains(k));
+        let busy = procs::running(&before);
+        before.procs.retain(|k, _| !busy.contains(k));
+        Ok(Some(Pause { epoch, before }))
+    }
+
+    /// The session [`Inspector::freezing`] announced was thawed: a process
+    /// that did nothing between then and now but be frozen (no return to its
+    /// own code, no signal handler, no page fault, less than
+    /// [`RESUME_RUNTIME_NS`] of run time, and no thread running or runnable
+    /// when it began) has that cost added to its baseline, so what it did
+    /// before the pause still shows and the pause does not. If a boundary
+    /// came in between (a turn ended), nothing is taken back: a false alarm
+    /// costs one full version, a missed change a recovery.
+    pub fn thawed(&self, session: &str, pause: Pause) -> Result<(), InspectError> {
+        // A thaw wakes the processes; each then has to run to sleep again,
+        // after this returns. A thread asleep before the pause switches twice
+        // in all (into the freezer, and back to sleep after it): wait for
+        // that, a while at most, without the lock. One that is not done by
+        // then reports the rest as its work next turn: a false alarm.
+        let t0 = Instant::now();
+        let asleep = |now: &Snapshot| {
+            pause.before.procs.iter().all(|(k, b)| {
+                now.procs
+                    .get(k)
+                    .is_none_or(|n| n.switches >= b.switches + 2 * b.threads)
+            })
+        };
+        loop {
+            let tasks = {
+                let st = self.state();
+                let Some(w) = st.watches.get(session) else {
+                    return Ok(());
+                };
+                let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+                Snapshot::from_tasks(&loaded.progs.tasks()?, w.target.cgroup_id)
+            };
+            if asleep(&tasks) || t0.elapsed() > THAW_SETTLE {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(250));
+        }
+        let mut st = self.state();
+        let Some(w) = st.watches.get(session) else {
+            return Ok(());
+        };
+        let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
+        let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+        let tasks = loaded.progs.tasks()?;
+        loaded.progs.set_epoch(cgroup, epoch, false)?;
+        let now = Snapshot::from_tasks(&tasks, cgroup);
+        let returned = loaded.progs.returned(now.tgids());
+        if epoch != pause.epoch {
+            return Ok(());
+        }
+        let w = st.watches.get_mut(session).expect("checked above");
+        for (k, base) in w.baseline.procs.iter_mut() {
+            let (Some(b), Some(n)) = (pause.before.procs.get(k), now.procs.get(k)) else {
+                continue;
+            };
+            let only_frozen = !returned.contains(&k.0)
+                && n.faults == b.faults
+                && n.runtime_ns.saturating_sub(b.runtime_ns) < RESUME_RUNTIME_NS;
+            if only_frozen {
+                base.runtime_ns += n.runtime_ns.saturating_sub(b.runtime_ns);
+                base.switches += n.switches.saturating_sub(b.switches);
             }
         }
         Ok(())

@@ -19,6 +19,7 @@ pub struct Proc {
     pub runtime_ns: u64,
     pub switches: u64,
     pub faults: u64,
+    pub threads: u64,
 }
 
 impl Proc {
@@ -38,6 +39,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Its processes' tgids.
+    pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs.keys().map(|k| k.0)
+    }
+
     /// The processes of `cgroup`, from per-thread records.
     pub fn from_tasks(recs: &[task_rec], cgroup: u64) -> Snapshot {
         let mut procs: BTreeMap<Key, Proc> = BTreeMap::new();
@@ -51,6 +57,7 @@ impl Snapshot {
                 runtime_ns: 0,
                 switches: 0,
                 faults: 0,
+                threads: 0,
             });
             if r.pid == r.tgid {
                 p.comm = comm;
@@ -59,6 +66,7 @@ impl Snapshot {
             p.runtime_ns += r.runtime_ns;
             p.switches += r.switches;
             p.faults += r.faults;
+            p.threads += 1;
         }
         Snapshot { procs }
     }
@@ -144,4 +152,28 @@ mod tests {
         later.switches += 1;
         assert!(later.ran_since(agent));
     }
+}
+
+/// The processes of `s` with a thread running or runnable now (state `R`
+/// in /proc): one may be in its own code, where no event shows what it does.
+/// A process /proc cannot read counts as running.
+pub fn running(s: &Snapshot) -> std::collections::BTreeSet<Key> {
+    s.procs
+        .keys()
+        .filter(|k| {
+            let Ok(threads) = std::fs::read_dir(format!("/proc/{}/task", k.0)) else {
+                return true;
+            };
+            threads.flatten().any(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| {
+                        let after = stat.rsplit_once(')')?.1;
+                        after.split_whitespace().next().map(|st| st == "R")
+                    })
+                    .unwrap_or(true)
+            })
+        })
+        .copied()
+        .collect()
 }

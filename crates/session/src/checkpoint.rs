@@ -434,13 +434,27 @@ impl Manager {
         let upper = self.host.store_root.join("sessions").join(&rec.id);
         let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
         let target = snap.to_owned();
+        let (inspector, name) = (self.inspector(), rec.name.clone());
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
-            let frozen = cg.freeze(drums_cgroup::FreezeMethod::V2)?;
-            let inherit = drums_store::QgroupInherit::session(None);
-            let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
-            // Thawed whatever the snapshot did.
-            let thawed = frozen.thaw();
+            // The freeze is no work of the session's processes: the
+            // inspector takes its cost back out once they are thawed.
+            let pause = inspector.freezing(&name).unwrap_or_else(|e| {
+                tracing::warn!("inspector: {name} is about to be frozen: {e}");
+                None
+            });
+            let snapped = cg.freeze(drums_cgroup::FreezeMethod::V2).map(|frozen| {
+                let inherit = drums_store::QgroupInherit::session(None);
+                let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
+                // Thawed whatever the snapshot did.
+                (made, frozen.thaw())
+            });
+            if let Some(p) = pause {
+                if let Err(e) = inspector.thawed(&name, p) {
+                    tracing::warn!("inspector: {name} was thawed: {e}");
+                }
+            }
+            let (made, thawed) = snapped?;
             let frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
             made?;
             thawed?;

@@ -845,9 +845,15 @@ static __always_inline void describe(long id, struct pt_regs *regs, long ret, st
 }
 
 /* A subprogram, so that its branch does not double what the verifier walks
- * in the caller. */
-static __noinline void note_return(struct session_val *v)
+ * in the caller. The kernel's own restart codes (ERESTARTSYS ..
+ * ERESTART_RESTARTBLOCK, 512-516) are no return to the process's code: a
+ * sleeping syscall ends with one when the freezer stops its task, and runs
+ * again after the thaw. A signal handler that runs instead is seen by
+ * signal_deliver below. */
+static __noinline void note_return(struct session_val *v, long ret)
 {
+	if (ret <= -512 && ret >= -516)
+		return;
 	if (v->resuming) {
 		unsigned int tgid = bpf_get_current_pid_tgid() >> 32;
 		unsigned char one = 1;
@@ -864,7 +870,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 
 	if (!v)
 		return 0;
-	note_return(v);
+	note_return(v, ret);
 	if (ret < 0)
 		return 0;
 	c.v = v;
@@ -885,6 +891,20 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	case SH_SIMPLE:
 		return emit_simple(&c);
 	}
+	return 0;
+}
+
+/* A signal handed to a handler of the process's own while its session
+ * resumes: the process ran code of its own, even if its syscall restarts
+ * (see note_return). */
+SEC("tp_btf/signal_deliver")
+int BPF_PROG(signal_deliver, int sig, struct kernel_siginfo *info, struct k_sigaction *ka)
+{
+	unsigned long long cg;
+	struct session_val *v = current_session(&cg);
+
+	if (v)
+		note_return(v, 0);
 	return 0;
 }
 
