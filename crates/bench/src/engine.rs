@@ -16,7 +16,9 @@
 //! - a full version of each (a turn that does both);
 //!
 //! then rolls the headless session back to its files-only version, and each
-//! session back to its full version. Headless and desktop are interleaved in
+//! session back to its full version; then, on the headless session, two
+//! turns that write a file and a rollback to the first one's version, which
+//! no process ran since (what a rollback in place is for). Headless and desktop are interleaved in
 //! every round, the arm that goes first alternating. Every version must have
 //! taken what its turn calls for; the bench fails rather than report a number
 //! under the wrong label. The version's own time and frozen time are what
@@ -44,7 +46,8 @@
 //! - `files`, `process.{headless,desktop}`, `full.{headless,desktop}`: the
 //!   version's own time; `<kind>.end`: the turn end call;
 //! - `frozen.<kind>`: how long the session's processes were frozen;
-//! - `rollback.files`, `rollback.full.{headless,desktop}`: the rollback call;
+//! - `rollback.files`, `rollback.files.still`, `rollback.full.{headless,desktop}`:
+//!   the rollback call (`still`: to a files-only version no process ran since);
 //! - `recover.{headless,desktop}`: the recover call;
 //!   `recover.restart.{headless,desktop}`: a drumsd's start after `kill -9`
 //!   until it answers, the session recovered;
@@ -87,6 +90,26 @@ const INC: &str = "python3 -c \"import socket;c=socket.create_connection(('127.0
 /// A turn that writes a file only.
 fn write(round: usize) -> String {
     format!("echo round-{round} > /root/bench-engine")
+}
+
+/// The turns of the rollback to a files-only version that no process ran
+/// since: a file each, and one that changes.
+fn write_still(round: usize, k: usize) -> String {
+    format!("echo round-{round}-{k} > /root/bench-engine-still; echo {k} > /root/bench-engine-still-{k}")
+}
+
+/// A turn that writes, and the version it took, whatever it took.
+async fn any_version(c: &Client, s: &Session, script: &str) -> Result<(), Failure> {
+    turn_begin(c, s).await?;
+    sh(c, s, script).await?;
+    let e = end(c, s, true).await?;
+    match e.checkpoint.as_ref().and_then(|k| k.version.as_ref()) {
+        Some(v) if v.state == drums_api::VersionState::Done => Ok(()),
+        _ => Err(mislabelled(format!(
+            "turn {} of session {} ({:?}) took no version: {:?}",
+            e.turn, s.id, e.class, e.checkpoint
+        ))),
+    }
 }
 
 /// Queue sizes: sessions ending their turns at once.
@@ -134,6 +157,8 @@ struct Versions {
     process: [Vec<Option<Taken>>; 2],
     full: [Vec<Taken>; 2],
     rollback_files: Vec<f64>,
+    /// To a files-only version when no process did anything since.
+    rollback_still: Vec<f64>,
     rollback_full: [Vec<f64>; 2],
     /// Desktop process-only turns that were another class.
     redone: usize,
@@ -404,6 +429,7 @@ async fn versions_part(m: &Made<'_>, n: usize, as_json: bool) -> Result<Versions
                 v.full[p].push(full);
             }
             v.rollback_files.push(r.rollback_files);
+            v.rollback_still.push(r.rollback_still);
             for (p, t) in r.rollback_full.into_iter().enumerate() {
                 v.rollback_full[p].push(t);
             }
@@ -501,6 +527,7 @@ struct Round {
     process: [Option<Taken>; 2],
     full: [Taken; 2],
     rollback_files: f64,
+    rollback_still: f64,
     rollback_full: [f64; 2],
     redone: usize,
     /// What the desktop's last process-only turn was, when none was.
@@ -546,11 +573,20 @@ async fn one_round(
     for p in order {
         rollback_full[p] = rollback(c, &s[p], numbers[p]).await?;
     }
+    // Two turns that write a file, and back to the first: no process did
+    // anything since it, so its files are put back in place, with no CRIU
+    // restore. (The second version is whatever its turn takes: on a build
+    // before issue 29, a files-only version's own freeze made the next
+    // turn `both`.)
+    let still = version(c, &s[0], &write_still(round, 1), Kind::Files).await?;
+    any_version(c, &s[0], &write_still(round, 2)).await?;
+    let rollback_still = rollback(c, &s[0], still.number).await?;
     Ok(Round {
         files,
         process,
         full: [f0, f1],
         rollback_files,
+        rollback_still,
         rollback_full,
         redone,
         desktop_process,
@@ -744,8 +780,14 @@ fn lines(v: &Versions) -> Vec<Line> {
     }
     out.push(line(
         "rollback.files",
-        "rollback to files-only, headless",
+        "rollback to files-only, headless, processes changed since",
         v.rollback_files.clone(),
+        "",
+    ));
+    out.push(line(
+        "rollback.files.still",
+        "rollback to files-only, headless, no process ran since",
+        v.rollback_still.clone(),
         "20 ms",
     ));
     for (p, (profile, target)) in PROFILES.into_iter().zip(["80 ms", "0.35 s"]).enumerate() {

@@ -661,7 +661,13 @@ async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes()
     let v1 = took(&turn(&d, "frz", &start, Policy::Selective).await);
     assert_eq!(v1.took, "full", "{v1:#?}");
     for k in 2..=5 {
-        let e = turn(&d, "frz", &format!("echo {k} > /root/f{k}"), Policy::Selective).await;
+        let e = turn(
+            &d,
+            "frz",
+            &format!("echo {k} > /root/f{k}"),
+            Policy::Selective,
+        )
+        .await;
         assert_eq!(
             e.class,
             drums_api::TurnClass::Files,
@@ -684,13 +690,228 @@ async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes()
     .await;
     assert_ne!(e.class, drums_api::TurnClass::Files, "{e:#?}");
     for k in 6..=7 {
-        let e = turn(&d, "frz", &format!("echo {k} > /root/f{k}"), Policy::Selective).await;
+        let e = turn(
+            &d,
+            "frz",
+            &format!("echo {k} > /root/f{k}"),
+            Policy::Selective,
+        )
+        .await;
         assert_eq!(e.class, drums_api::TurnClass::Both, "turn {k}: {e:#?}");
         assert!(
             e.dirtied.iter().any(|p| p.comm == "sh"),
             "the loop's shell ran: {e:#?}"
         );
     }
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}
+
+async fn init_pid(d: &TestDaemon, s: &str) -> i32 {
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, &format!("/v1/sessions/{s}"), None::<&()>)
+        .await
+        .unwrap();
+    now.init_pid.expect("a running session has an init")
+}
+
+/// What the session shows of the files the test changes: type, mode, owner
+/// as the session sees it, size, modification time (but of directories,
+/// whose entries' own times say enough), a symlink's target, and contents.
+fn listing(d: &TestDaemon, s: &str) -> String {
+    let (code, out, err) = d.sh(
+        s,
+        "cd / && find /root/w /etc/drums-test* -printf '%p %y %m %U:%G %s %l\\n' 2>/dev/null | sort; \
+         find /root/w /etc/drums-test* -type f -printf '%p %T@\\n' 2>/dev/null | sort; \
+         find /root/w /etc/drums-test* -type f -exec md5sum {} + 2>/dev/null | sort",
+    );
+    assert!(code == 0 || code == 1, "listing: {out} {err}");
+    out
+}
+
+fn rolled_back_in_place(d: &TestDaemon) -> usize {
+    d.log().matches("rolled back in place").count()
+}
+
+/// A rollback whose processes did nothing since its target puts the
+/// target's files back through the session's root, with no CRIU restore:
+/// the same init, the same memory, and exactly the files the version had.
+/// When a precondition fails it restores with CRIU, as before: the
+/// processes changed since the version, a process ran since the last turn,
+/// a file of a kind the overlay cannot be made to show exactly, and a fault
+/// half-way through putting files back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_restores_with_criu() {
+    let mut d = TestDaemon::start();
+    let s = d
+        .create(&CreateSession {
+            name: Some("inpl".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let start = format!(
+        "mkdir -p /root/w && echo base > /root/w/a && ln -s a /root/w/link && {SERVER}; \
+         (cd / && nohup sleep 100000 >/dev/null 2>&1 &)"
+    );
+    took(&turn(&d, "inpl", &start, Policy::Selective).await);
+    let v2 = took(
+        &turn(
+            &d,
+            "inpl",
+            &format!("{}; true", ask_script("inc")),
+            Policy::Selective,
+        )
+        .await,
+    );
+    assert_eq!(v2.took, "process", "{v2:#?}");
+
+    // 3: files only, over the image's /etc too.
+    let e3 = turn(
+        &d,
+        "inpl",
+        "echo one > /root/w/a && mkdir -p /root/w/d/e && echo x > /root/w/d/e/f && rm /root/w/link \
+         && echo conf > /etc/drums-test.conf && chmod 640 /etc/drums-test.conf",
+        Policy::Selective,
+    )
+    .await;
+    let v3 = took(&e3);
+    assert_eq!(
+        (v3.took.as_str(), v3.process_of.as_deref()),
+        ("files", Some(v2.id.as_str())),
+        "{e3:#?}"
+    );
+    let at3 = listing(&d, "inpl");
+    // 4: every kind of change the other way.
+    let v4 = took(
+        &turn(
+            &d,
+            "inpl",
+            "echo two > /root/w/a && rm -r /root/w/d && echo b > /root/w/b && chmod 600 /root/w/b \
+             && ln -s b /root/w/link && mkdir /root/w/g && rm /etc/drums-test.conf \
+             && echo new > /etc/drums-test-2",
+            Policy::Selective,
+        )
+        .await,
+    );
+    assert_eq!(v4.took, "files", "{v4:#?}");
+    assert_ne!(listing(&d, "inpl"), at3);
+
+    let pid = init_pid(&d, "inpl").await;
+    rollback(&d, "inpl", "3");
+    assert_eq!(rolled_back_in_place(&d), 1, "{}", d.log());
+    assert_eq!(init_pid(&d, "inpl").await, pid, "no process was touched");
+    assert_eq!(listing(&d, "inpl"), at3, "the files are version 3's");
+    // The history goes on from 3, and the next files turn is files again
+    // (the processes' baseline is as it was).
+    let e5 = turn(&d, "inpl", "echo five > /root/w/five", Policy::Selective).await;
+    assert_eq!(e5.class, drums_api::TurnClass::Files, "{e5:#?}");
+    let v5 = took(&e5);
+    assert_eq!(v5.parent.as_deref(), Some(v3.id.as_str()), "{v5:#?}");
+    assert_eq!(v5.process_of.as_deref(), Some(v2.id.as_str()), "{v5:#?}");
+    let at5 = listing(&d, "inpl");
+    assert_eq!(
+        ask(&d, "inpl", "get").trim(),
+        "1",
+        "the server's memory is as it was"
+    );
+
+    // Fallback: the processes changed since the version.
+    took(
+        &turn(
+            &d,
+            "inpl",
+            &format!("{}; true", ask_script("inc")),
+            Policy::Selective,
+        )
+        .await,
+    );
+    rollback(&d, "inpl", &v5.number.to_string());
+    assert_eq!(rolled_back_in_place(&d), 1);
+    assert!(
+        d.log().contains("the processes changed since the version"),
+        "{}",
+        d.log()
+    );
+    assert_ne!(init_pid(&d, "inpl").await, pid, "restored with CRIU");
+    assert_eq!(listing(&d, "inpl"), at5);
+    assert_eq!(ask(&d, "inpl", "get").trim(), "1");
+
+    // Fallback: a process ran since the last turn (the server counts,
+    // outside any turn).
+    let v7 = took(&turn(&d, "inpl", "echo seven > /root/w/seven", Policy::Selective).await);
+    let at7 = listing(&d, "inpl");
+    took(&turn(&d, "inpl", "echo eight > /root/w/eight", Policy::Selective).await);
+    ask(&d, "inpl", "inc");
+    let pid = init_pid(&d, "inpl").await;
+    rollback(&d, "inpl", &v7.number.to_string());
+    assert_eq!(rolled_back_in_place(&d), 1);
+    assert!(d.log().contains("python3): ran"), "{}", d.log());
+    assert_ne!(init_pid(&d, "inpl").await, pid);
+    assert_eq!(listing(&d, "inpl"), at7);
+    assert_eq!(
+        ask(&d, "inpl", "get").trim(),
+        "1",
+        "version 7's memory (2's)"
+    );
+
+    // Fallback: a fault half-way through putting files back; the CRIU
+    // restore replaces what was put back.
+    let v9 = took(
+        &turn(
+            &d,
+            "inpl",
+            "echo nine > /root/w/a; echo 9 > /root/w/nine",
+            Policy::Selective,
+        )
+        .await,
+    );
+    let at9 = listing(&d, "inpl");
+    took(
+        &turn(
+            &d,
+            "inpl",
+            "echo ten > /root/w/a; rm /root/w/nine; mkdir /root/w/ten",
+            Policy::Selective,
+        )
+        .await,
+    );
+    let pid = init_pid(&d, "inpl").await;
+    d.arm(Some("rollback.files")).await;
+    rollback(&d, "inpl", &v9.number.to_string());
+    d.arm(None).await;
+    assert!(
+        d.log()
+            .contains("rollback in place failed, restoring with CRIU"),
+        "{}",
+        d.log()
+    );
+    assert_ne!(init_pid(&d, "inpl").await, pid);
+    assert_eq!(listing(&d, "inpl"), at9);
+
+    // Fallback: a file the overlay cannot be made to show exactly (a fifo).
+    let v11 = took(&turn(&d, "inpl", "mkfifo /root/w/fifo", Policy::Selective).await);
+    let at11 = listing(&d, "inpl");
+    took(
+        &turn(
+            &d,
+            "inpl",
+            "rm /root/w/fifo; echo 12 > /root/w/a",
+            Policy::Selective,
+        )
+        .await,
+    );
+    let pid = init_pid(&d, "inpl").await;
+    rollback(&d, "inpl", &v11.number.to_string());
+    assert!(
+        d.log().contains("root/w/fifo: a device, socket or fifo"),
+        "{}",
+        d.log()
+    );
+    assert_ne!(init_pid(&d, "inpl").await, pid);
+    assert_eq!(listing(&d, "inpl"), at11);
+
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
 }

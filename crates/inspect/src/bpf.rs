@@ -193,7 +193,10 @@ impl Programs {
     /// Take, of processes `tgids`, those that returned to their own code
     /// while their session was resuming. Only theirs: the map is every
     /// session's, and another may be resuming at the same time.
-    pub fn returned(&self, tgids: impl IntoIterator<Item = u32>) -> std::collections::BTreeSet<u32> {
+    pub fn returned(
+        &self,
+        tgids: impl IntoIterator<Item = u32>,
+    ) -> std::collections::BTreeSet<u32> {
         let map = &self.skel.maps.returned;
         tgids
             .into_iter()

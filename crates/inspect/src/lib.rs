@@ -508,6 +508,44 @@ impl Inspector {
         Ok(())
     }
 
+    /// While the session is frozen after [`Inspector::freezing`]: whether its
+    /// tracked processes did nothing since the last boundary (a turn's end,
+    /// or a dump) but be frozen: none started, ended, executed, used IPC or
+    /// ran, and none was running when the pause began. `Err(why)` names one
+    /// that did. What they did to files does not matter here.
+    pub fn still(&self, session: &str, pause: &Pause) -> Result<Result<(), String>, InspectError> {
+        let mut st = self.state();
+        let Some(w) = st.watches.get(session) else {
+            return Ok(Err("the session is not inspected".into()));
+        };
+        let cgroup = w.target.cgroup_id;
+        let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+        let tasks = loaded.progs.tasks()?;
+        let lost = loaded.progs.lost(cgroup);
+        st.drain()?;
+        let frozen = Snapshot::from_tasks(&tasks, cgroup);
+        let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
+        let returned = loaded.progs.returned(frozen.tgids());
+        let w = st.watches.get(session).expect("checked above");
+        if lost != w.lost {
+            return Ok(Err("the inspector lost events".into()));
+        }
+        Ok(w.still(&pause.before, &frozen, &returned))
+    }
+
+    /// The session's files were put back as a version had them, while it was
+    /// frozen and its processes [`Inspector::still`]: a new start for its
+    /// effects, its processes' baseline as it was. drumsd's own writes are
+    /// no event of the session's, but they move its upper layer's btrfs
+    /// generation: they count as one, so that move is no unexplained change.
+    pub fn files_put_back(&self, session: &str) {
+        let mut st = self.state();
+        if let Some(w) = st.watches.get_mut(session) {
+            w.window = Window::default();
+            w.events_since_generation += 1;
+        }
+    }
+
     /// The checkpoint failed after events were set aside: the inspector can no
     /// longer say what the window holds, so its turn reports both kinds of
     /// change.

@@ -103,6 +103,30 @@ fn comm(c: &[i8; 16]) -> String {
     String::from_utf8_lossy(&b).into_owned()
 }
 
+/// The processes of `s` with a thread running or runnable now (state `R`
+/// in /proc): one may be in its own code, where no event shows what it does.
+/// A process /proc cannot read counts as running.
+pub fn running(s: &Snapshot) -> std::collections::BTreeSet<Key> {
+    s.procs
+        .keys()
+        .filter(|k| {
+            let Ok(threads) = std::fs::read_dir(format!("/proc/{}/task", k.0)) else {
+                return true;
+            };
+            threads.flatten().any(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| {
+                        let after = stat.rsplit_once(')')?.1;
+                        after.split_whitespace().next().map(|st| st == "R")
+                    })
+                    .unwrap_or(true)
+            })
+        })
+        .copied()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,28 +176,4 @@ mod tests {
         later.switches += 1;
         assert!(later.ran_since(agent));
     }
-}
-
-/// The processes of `s` with a thread running or runnable now (state `R`
-/// in /proc): one may be in its own code, where no event shows what it does.
-/// A process /proc cannot read counts as running.
-pub fn running(s: &Snapshot) -> std::collections::BTreeSet<Key> {
-    s.procs
-        .keys()
-        .filter(|k| {
-            let Ok(threads) = std::fs::read_dir(format!("/proc/{}/task", k.0)) else {
-                return true;
-            };
-            threads.flatten().any(|t| {
-                std::fs::read_to_string(t.path().join("stat"))
-                    .ok()
-                    .and_then(|stat| {
-                        let after = stat.rsplit_once(')')?.1;
-                        after.split_whitespace().next().map(|st| st == "R")
-                    })
-                    .unwrap_or(true)
-            })
-        })
-        .copied()
-        .collect()
 }

@@ -122,6 +122,49 @@ impl Watch {
         }
     }
 
+    /// Whether the tracked processes did nothing since the baseline: the
+    /// window shows none start, end, execute or use IPC between the baseline
+    /// and `before` (the processes, but running ones, as a pause began), and
+    /// none ran then; and from `before` to `frozen` none returned to its own
+    /// code (`returned`), took a fault, or ran longer than being frozen takes.
+    pub(crate) fn still(
+        &self,
+        before: &Snapshot,
+        frozen: &Snapshot,
+        returned: &BTreeSet<u32>,
+    ) -> Result<(), String> {
+        if self.window.poisoned {
+            return Err("a checkpoint failed since the last boundary".into());
+        }
+        let tracked = |k: &&Key| !self.excluded.contains(*k);
+        for (k, p) in self.baseline.procs.iter().filter(|(k, _)| tracked(k)) {
+            if now_running(before, frozen, k) {
+                return Err(format!("process {} ({}) was running", p.ns_pid, p.comm));
+            }
+        }
+        let (processes, dirtied) = self.process_effects(before, &self.window);
+        if let Some(p) = processes.first() {
+            let e = &p.effect;
+            return Err(format!("process {} ({}): {}", e.pid, e.comm, e.change));
+        }
+        if let Some(d) = dirtied.first() {
+            let e = &d.effect;
+            return Err(format!("process {} ({}): {}", e.pid, e.comm, e.reason));
+        }
+        for (k, f) in frozen.procs.iter().filter(|(k, _)| tracked(k)) {
+            let Some(b) = before.procs.get(k) else {
+                return Err(format!("process {} ({}) started", f.ns_pid, f.comm));
+            };
+            if returned.contains(&k.0)
+                || f.faults != b.faults
+                || f.runtime_ns.saturating_sub(b.runtime_ns) >= crate::RESUME_RUNTIME_NS
+            {
+                return Err(format!("process {} ({}) ran", f.ns_pid, f.comm));
+            }
+        }
+        Ok(())
+    }
+
     fn process_effects(
         &self,
         now: &Snapshot,
@@ -243,4 +286,10 @@ fn exists(root: Option<&std::fs::File>, path: &str) -> bool {
         Ok(_) => true,
         Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)),
     }
+}
+
+/// A process of the baseline that `before` left out (it was running as the
+/// pause began) but that is still there, frozen.
+fn now_running(before: &Snapshot, frozen: &Snapshot, k: &Key) -> bool {
+    !before.procs.contains_key(k) && frozen.procs.contains_key(k)
 }

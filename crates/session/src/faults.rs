@@ -54,6 +54,10 @@ pub const IMAGE_POINTS: &[&str] = &["image.fetch", "image.layer", "image.commit"
 /// browser's hygiene and readiness after a restore.
 pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
 
+/// Points a rollback in place can be failed at: half-way through putting
+/// the version's files back (the rollback then restores with CRIU).
+pub const ROLLBACK_POINTS: &[&str] = &["rollback.files"];
+
 /// Points a step can be held at (`hold`), one per state a version can be
 /// in when drumsd dies: `dumping` before CRIU runs, `versioning` before the
 /// manifest is written.
@@ -103,6 +107,7 @@ impl Faults {
                 .chain(DESKTOP_POINTS)
                 .chain(EXPORT_POINTS)
                 .chain(IMAGE_POINTS)
+                .chain(ROLLBACK_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

@@ -19,6 +19,7 @@ mod busy;
 pub mod checkpoint;
 pub mod create;
 pub mod faults;
+pub mod files_back;
 mod host;
 pub mod ids;
 pub mod images;

@@ -110,6 +110,17 @@ impl Manager {
         // version's artifacts (see `busy`); read under the lock.
         let held = self.checkpoints.reading(&target.id).await;
         let (_, m) = self.manifest(&target.id)?;
+        if what == InPlace::Rollback {
+            match self.files_back(rec, target, &m).await {
+                Ok(Some(s)) => return Ok(s),
+                Ok(None) => {}
+                Err(e) => warn!(
+                    session = %rec.name,
+                    "rollback in place failed, restoring with CRIU: {}",
+                    crate::error_chain(&e)
+                ),
+            }
+        }
         let limits = self.host.manifest_limits(&target.id, &m)?;
         let lower = self.resolve_image(&m.session.image)?.rootfs;
         // A files-only version (the files policy) has no processes: the
@@ -182,6 +193,151 @@ impl Manager {
         });
         info!(session = %rec.name, version = ?target.number, ms = t0.elapsed().as_millis() as u64, "{}", what.done());
         Ok(session)
+    }
+
+    /// A rollback that puts the target's files back in place, with no
+    /// CRIU restore and no process touched, when the session's processes are
+    /// still what the target's process artifact holds: every version from
+    /// the target to the one the session is at shares that artifact, no turn
+    /// since was left out of a version, no agent lives in the session (it
+    /// would have to go back too), and the inspector saw its processes do
+    /// nothing since (checked while they are frozen). `Ok(None)`: one of
+    /// those does not hold, or the files are not all of a kind the overlay
+    /// can be made to show exactly (crate::files_back); the caller restores
+    /// with CRIU. An error part-way leaves the session half put back, and
+    /// the caller's CRIU restore replaces all of it (docs/engine.md, "A
+    /// files-only rollback in place").
+    async fn files_back(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+        target: &VersionRecord,
+        m: &drums_checkpoint::Manifest,
+    ) -> Result<Option<Session>, SessionError> {
+        let refused = |why: &str| {
+            info!(session = %rec.name, version = ?target.number, "rollback: not in place ({why}): restoring with CRIU");
+            Ok(None)
+        };
+        let Some(process_of) = m.process_of() else {
+            return refused("the version has no processes");
+        };
+        if self.host.catalog.agent_of(&rec.id)?.is_some() {
+            return refused("an agent lives in the session");
+        }
+        let at = self.versions.position(&rec.id);
+        if at.needs_full {
+            return refused("turns went by that no version holds");
+        }
+        let history: std::collections::HashMap<String, VersionRecord> = self
+            .host
+            .catalog
+            .session_versions(&rec.id)?
+            .into_iter()
+            .map(|v| (v.id.clone(), v))
+            .collect();
+        let mut walk = at.at;
+        loop {
+            let Some(v) = walk.as_ref().and_then(|id| history.get(id)) else {
+                return refused("the version is not one the session came through to where it is");
+            };
+            if v.process_of.as_deref() != Some(process_of) {
+                return refused("the processes changed since the version");
+            }
+            if v.id == target.id {
+                break;
+            }
+            walk = v.parent.clone();
+        }
+        let Some(init) = self.host.live_init(rec) else {
+            return refused("its processes died");
+        };
+        let lower = self.resolve_image(&m.session.image)?.rootfs;
+        let version = self.host.checkpoint_snapshot(m.files_of()).join("upper");
+        let live = self.host.session_subvolume(&rec.id).join("upper");
+        let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
+        let (inspector, name, host) = (self.inspector(), rec.name.clone(), self.host.clone());
+        // On-disk owners of the session's layer, as its root shows them.
+        let base = rec.id_base;
+        let owner = move |disk: u32| match base {
+            None => Some(disk),
+            Some(b) => disk
+                .checked_sub(crate::ids::DISK_BASE)
+                .filter(|k| *k < crate::ids::RANGE)
+                .map(|k| b + k),
+        };
+        let t0 = Instant::now();
+        self.host
+            .catalog
+            .set_session_state(&rec.id, SessionState::Creating, None)?;
+        let done = tokio::task::spawn_blocking(move || {
+            let Some(pause) = inspector.freezing(&name)? else {
+                return Ok(Err("the session is not inspected".to_owned()));
+            };
+            let frozen = match cg.freeze(drums_cgroup::FreezeMethod::V2) {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = inspector.thawed(&name, pause);
+                    return Err(e.into());
+                }
+            };
+            let put = (|| -> Result<Result<usize, String>, SessionError> {
+                if let Err(why) = inspector.still(&name, &pause)? {
+                    return Ok(Err(why));
+                }
+                let steps = match crate::files_back::plan(&version, &live, &lower) {
+                    Ok(s) => s,
+                    Err(r) => return Ok(Err(r.0)),
+                };
+                let root_path = format!("/proc/{init}/root");
+                let root = std::fs::File::open(&root_path).map_err(|source| SessionError::Io {
+                    op: "open the session's root",
+                    path: root_path.into(),
+                    source,
+                })?;
+                let apply = |steps: &[crate::files_back::Step]| {
+                    crate::files_back::apply(std::os::fd::AsFd::as_fd(&root), steps, owner).map_err(
+                        |(path, source)| SessionError::Io {
+                            op: "put back a file of the version",
+                            path,
+                            source,
+                        },
+                    )
+                };
+                let (first, rest) = steps.split_at(steps.len() / 2);
+                apply(first)?;
+                host.faults.check("rollback.files")?;
+                apply(rest)?;
+                inspector.files_put_back(&name);
+                Ok(Ok(steps.len()))
+            })();
+            let thawed = frozen.thaw();
+            if let Err(e) = inspector.thawed(&name, pause) {
+                warn!("inspector: {name} was thawed: {e}");
+            }
+            thawed?;
+            put
+        })
+        .await
+        .expect("a rollback in place does not panic");
+        let steps = match done {
+            Ok(Ok(n)) => n,
+            Ok(Err(why)) => {
+                self.host
+                    .catalog
+                    .set_session_state(&rec.id, SessionState::Running, None)?;
+                return refused(&why);
+            }
+            Err(e) => return Err(e),
+        };
+        self.host
+            .catalog
+            .set_session_state(&rec.id, SessionState::Running, None)?;
+        self.versions.set_position(&rec.id, |p| {
+            p.at = Some(target.id.clone());
+            p.needs_full = false;
+            p.restored = true;
+        });
+        info!(session = %rec.name, version = ?target.number, steps, ms = t0.elapsed().as_millis() as u64, "rolled back in place: files put back, processes untouched");
+        Ok(Some(self.get(&rec.id)?))
     }
 
     /// The version session `id` was rolled back or recovered to, once: the
