@@ -457,26 +457,16 @@ impl Inspector {
         // in all (into the freezer, and back to sleep after it): wait for
         // that, a while at most, without the lock. One that is not done by
         // then reports the rest as its work next turn: a false alarm.
+        // Read from /proc (the same counters), not the task iterator: it
+        // walks every task of the host, and the woken ones need the CPU.
         let t0 = Instant::now();
-        let asleep = |now: &Snapshot| {
-            pause.before.procs.iter().all(|(k, b)| {
-                now.procs
-                    .get(k)
-                    .is_none_or(|n| n.switches >= b.switches + 2 * b.threads)
-            })
-        };
-        loop {
-            let tasks = {
-                let st = self.state();
-                let Some(w) = st.watches.get(session) else {
-                    return Ok(());
-                };
-                let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
-                Snapshot::from_tasks(&loaded.progs.tasks()?, w.target.cgroup_id)
+        let asleep =
+            || {
+                pause.before.procs.iter().all(|(k, b)| {
+                    procs::switches(k.0).is_none_or(|n| n >= b.switches + 2 * b.threads)
+                })
             };
-            if asleep(&tasks) || t0.elapsed() > THAW_SETTLE {
-                break;
-            }
+        while !asleep() && t0.elapsed() < THAW_SETTLE {
             std::thread::sleep(std::time::Duration::from_micros(250));
         }
         let mut st = self.state();
@@ -535,13 +525,15 @@ impl Inspector {
 
     /// The session's files were put back as a version had them, while it was
     /// frozen and its processes [`Inspector::still`]: a new start for its
-    /// effects, its processes' baseline as it was. drumsd's own writes are
-    /// no event of the session's, but they move its upper layer's btrfs
+    /// effects, its processes' baseline as it was, and no turn open (as
+    /// after a restore, its turns start again). drumsd's own writes are no
+    /// event of the session's, but they move its upper layer's btrfs
     /// generation: they count as one, so that move is no unexplained change.
     pub fn files_put_back(&self, session: &str) {
         let mut st = self.state();
         if let Some(w) = st.watches.get_mut(session) {
             w.window = Window::default();
+            w.open = false;
             w.events_since_generation += 1;
         }
     }

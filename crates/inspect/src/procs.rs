@@ -127,6 +127,26 @@ pub fn running(s: &Snapshot) -> std::collections::BTreeSet<Key> {
         .collect()
 }
 
+/// The context switches of process `tgid`, summed over its threads, from
+/// /proc (what the task iterator reads as `nvcsw + nivcsw`); none if it is
+/// gone.
+pub fn switches(tgid: u32) -> Option<u64> {
+    let threads = std::fs::read_dir(format!("/proc/{tgid}/task")).ok()?;
+    let mut n = 0;
+    for t in threads.flatten() {
+        let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+        for line in status.lines() {
+            if let Some(v) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                n += v.trim().parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -443,25 +443,26 @@ impl Manager {
                 tracing::warn!("inspector: {name} is about to be frozen: {e}");
                 None
             });
+            let f0 = Instant::now();
             let snapped = cg.freeze(drums_cgroup::FreezeMethod::V2).map(|frozen| {
                 let inherit = drums_store::QgroupInherit::session(None);
                 let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
                 // Thawed whatever the snapshot did.
                 (made, frozen.thaw())
             });
+            let frozen_ms = f0.elapsed().as_secs_f64() * 1e3;
             if let Some(p) = pause {
                 if let Err(e) = inspector.thawed(&name, p) {
                     tracing::warn!("inspector: {name} was thawed: {e}");
                 }
             }
             let (made, thawed) = snapped?;
-            let frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
             made?;
             thawed?;
             Ok::<_, SessionError>(ArtifactCost {
                 bytes: 0,
                 frozen_ms,
-                total_ms: frozen_ms,
+                total_ms: t0.elapsed().as_secs_f64() * 1e3,
             })
         })
         .await

@@ -58,6 +58,12 @@ impl Manager {
             .await
             .expect("turn end does not panic")?;
         if !req.checkpoint {
+            if effects.class != TurnClass::None {
+                // What this turn changed is in no version: the next one must
+                // be whole, and no version before it pairs with what is now.
+                let rec = self.host.record(id_or_name)?;
+                self.versions.set_position(&rec.id, |p| p.needs_full = true);
+            }
             return Ok(effects);
         }
         let rec = self.host.record(id_or_name)?;
