@@ -840,9 +840,13 @@ async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_re
 
     // Fallback: a process ran since the last turn (the server counts,
     // outside any turn).
-    let v7 = took(&turn(&d, "inpl", "echo seven > /root/w/seven", Policy::Selective).await);
-    let at7 = listing(&d, "inpl");
-    took(&turn(&d, "inpl", "echo eight > /root/w/eight", Policy::Selective).await);
+    let (v7, at7) = two_files_versions(
+        &d,
+        "inpl",
+        "echo seven > /root/w/seven",
+        "echo eight > /root/w/eight",
+    )
+    .await;
     ask(&d, "inpl", "inc");
     let pid = init_pid(&d, "inpl").await;
     rollback(&d, "inpl", &v7.number.to_string());
@@ -858,25 +862,13 @@ async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_re
 
     // Fallback: a fault half-way through putting files back; the CRIU
     // restore replaces what was put back.
-    let v9 = took(
-        &turn(
-            &d,
-            "inpl",
-            "echo nine > /root/w/a; echo 9 > /root/w/nine",
-            Policy::Selective,
-        )
-        .await,
-    );
-    let at9 = listing(&d, "inpl");
-    took(
-        &turn(
-            &d,
-            "inpl",
-            "echo ten > /root/w/a; rm /root/w/nine; mkdir /root/w/ten",
-            Policy::Selective,
-        )
-        .await,
-    );
+    let (v9, at9) = two_files_versions(
+        &d,
+        "inpl",
+        "echo nine > /root/w/a; echo 9 > /root/w/nine",
+        "echo ten > /root/w/a; rm -f /root/w/nine; mkdir -p /root/w/ten",
+    )
+    .await;
     let pid = init_pid(&d, "inpl").await;
     d.arm(Some("rollback.files")).await;
     rollback(&d, "inpl", &v9.number.to_string());
@@ -891,17 +883,13 @@ async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_re
     assert_eq!(listing(&d, "inpl"), at9);
 
     // Fallback: a file the overlay cannot be made to show exactly (a fifo).
-    let v11 = took(&turn(&d, "inpl", "mkfifo /root/w/fifo", Policy::Selective).await);
-    let at11 = listing(&d, "inpl");
-    took(
-        &turn(
-            &d,
-            "inpl",
-            "rm /root/w/fifo; echo 12 > /root/w/a",
-            Policy::Selective,
-        )
-        .await,
-    );
+    let (v11, at11) = two_files_versions(
+        &d,
+        "inpl",
+        "rm -f /root/w/fifo; mkfifo /root/w/fifo",
+        "rm -f /root/w/fifo; echo 12 > /root/w/a",
+    )
+    .await;
     let pid = init_pid(&d, "inpl").await;
     rollback(&d, "inpl", &v11.number.to_string());
     assert!(
@@ -914,4 +902,31 @@ async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_re
 
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
+}
+
+/// Two turns that only write files, each taking a files-only version of the
+/// same process artifact, and what the session showed after the first: the
+/// ground a fallback test needs. A turn may still be `both` on a loaded host
+/// (a thawed process that found no CPU in time, which the inspector then
+/// counts as running), so the pair is tried again, 3 times at most.
+async fn two_files_versions(
+    d: &TestDaemon,
+    s: &str,
+    first: &str,
+    second: &str,
+) -> (SessionVersion, String) {
+    let mut took_ = Vec::new();
+    for _ in 0..3 {
+        let a = took(&turn(d, s, first, Policy::Selective).await);
+        let at = listing(d, s);
+        let b = took(&turn(d, s, second, Policy::Selective).await);
+        if a.took == "files" && b.took == "files" && a.process_of == b.process_of {
+            return (a, at);
+        }
+        took_.push((a.took, b.took));
+    }
+    panic!(
+        "no two files-only versions in a row in 3 tries: {took_:?}\n{}",
+        d.log()
+    );
 }

@@ -49,7 +49,9 @@ const RESUME_RUNTIME_NS: u64 = 200_000;
 
 /// How long [`Inspector::thawed`] waits at most for thawed processes to be
 /// asleep again.
-const THAW_SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
+/// On a loaded host a woken thread may wait that long for a CPU; a wait
+/// cut short costs a full version (a false alarm), the wait only time.
+const THAW_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How often the ring buffer is drained between turn ends.
 const DRAIN_INTERVAL_MS: i32 = 100;
@@ -455,7 +457,7 @@ impl Inspector {
         // A thaw wakes the processes; each then has to run to sleep again,
         // after this returns. A thread asleep before the pause switches twice
         // in all (into the freezer, and back to sleep after it): wait for
-        // that, a while at most, without the lock. One that is not done by
+        // that, [`THAW_SETTLE`] at most, without the lock. One that is not done by
         // then reports the rest as its work next turn: a false alarm.
         // Read from /proc (the same counters), not the task iterator: it
         // walks every task of the host, and the woken ones need the CPU.
