@@ -262,6 +262,14 @@ def test_bytes_that_stop_coming_or_differ_leave_nothing(cluster: RayCluster) -> 
         owner = Owner.remote()  # type: ignore[attr-defined]
         (lost,) = ray.get(owner.put.remote())
         ray.kill(owner)
+        # ray.kill returns before the actor is gone: until it is, its
+        # objects can still be read (CI read one).
+        for _ in range(200):
+            try:
+                ray.get(owner.put.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
+            time.sleep(0.05)
         broken = Staged(**{**staged.__dict__, "chunks": (*staged.chunks[:2], lost)})
         with pytest.raises(drums.ray.TransferError) as te:
             ray.get(node_b.actor.receive.remote(broken))
