@@ -930,3 +930,153 @@ async fn two_files_versions(
         d.log()
     );
 }
+
+/// A selective session that runs only drums' own processes (its init and
+/// guest) takes its whole versions light: files alone, no process artifact,
+/// and a rollback, recovery or fork to one starts cold on its files. Each
+/// precondition falls back to a whole version: a process of the session's
+/// own, and the check failing once the session is frozen (a fault).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_running_only_drums_own_processes_takes_light_versions_else_whole_ones() {
+    let mut d = TestDaemon::start();
+    let s = d
+        .create(&CreateSession {
+            name: Some("lite".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let light = |v: &SessionVersion| {
+        v.took == "files"
+            && v.process_of.is_none()
+            && v.files_of.as_deref() == Some(v.id.as_str())
+            && v.process.is_none()
+            && v.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("drums' own")
+    };
+    // 1 and 2: files turns, each light (no head to pair with, then a head
+    // with no processes to pair with: whole, so light).
+    let v1 = took(
+        &turn(
+            &d,
+            "lite",
+            "mkdir -p /root/w && echo one > /root/w/a",
+            Policy::Selective,
+        )
+        .await,
+    );
+    assert!(light(&v1), "{v1:#?}");
+    let v2 = took(
+        &turn(
+            &d,
+            "lite",
+            "echo two > /root/w/a; echo 2 > /root/w/b",
+            Policy::Selective,
+        )
+        .await,
+    );
+    assert!(light(&v2), "{v2:#?}");
+    let at2 = listing(&d, "lite");
+
+    // Fallback: a process of the session's own runs: whole, with CRIU.
+    let sleeper = "(cd / && nohup sleep 100000 >/dev/null 2>&1 &); sleep 0.2";
+    let v3 = took(
+        &turn(
+            &d,
+            "lite",
+            &format!("echo three > /root/w/a; {sleeper}"),
+            Policy::Selective,
+        )
+        .await,
+    );
+    assert_eq!(
+        (v3.took.as_str(), v3.process_of.as_deref()),
+        ("full", Some(v3.id.as_str())),
+        "{v3:#?}"
+    );
+    let sleeping = |d: &TestDaemon| d.sh("lite", "pgrep -x sleep >/dev/null").0 == 0;
+    assert!(sleeping(&d));
+
+    // Rollback to 2: its files, and a cold start: the sleeper is gone.
+    let pid = init_pid(&d, "lite").await;
+    rollback(&d, "lite", "2");
+    assert_ne!(init_pid(&d, "lite").await, pid);
+    assert_eq!(listing(&d, "lite"), at2);
+    assert!(!sleeping(&d));
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/lite", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(
+        (now.id.as_str(), now.ip.as_deref()),
+        (s.id.as_str(), s.ip.as_deref())
+    );
+
+    // Fallback: the check fails once frozen (a fault): whole, and it says why.
+    d.arm(Some("version.light")).await;
+    let v4 = took(&turn(&d, "lite", "echo four > /root/w/c", Policy::Selective).await);
+    d.arm(None).await;
+    assert_eq!(
+        (v4.took.as_str(), v4.process_of.as_deref()),
+        ("full", Some(v4.id.as_str())),
+        "{v4:#?}"
+    );
+    assert!(
+        v4.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("version.light"),
+        "{v4:#?}"
+    );
+
+    // Back to 2 again, then 5 light; its processes die: `recover` brings
+    // back 5's files, cold.
+    rollback(&d, "lite", "2");
+    let v5 = took(&turn(&d, "lite", "echo five > /root/w/e", Policy::Selective).await);
+    assert!(light(&v5), "{v5:#?}");
+    let at5 = listing(&d, "lite");
+    let init = init_pid(&d, "lite").await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(common::gone(|| !drums_session::process::alive(init)));
+    let o = d.drums(&["recover", "lite"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    assert_eq!(listing(&d, "lite"), at5);
+
+    // A fork at 1: siblings cold on 1's files, each its own.
+    let o = d.drums(&["fork", "lite", "--at", "1", "--count", "2", "--json"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    let r: drums_api::RestoreResult = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r.checkpoint, v1.id);
+    let ids: Vec<String> = r
+        .sessions
+        .iter()
+        .map(|sib| d.sh(&sib.id, "cat /root/w/a /etc/machine-id; hostname").1)
+        .collect();
+    for (sib, got) in r.sessions.iter().zip(&ids) {
+        assert!(got.starts_with("one\n"), "{got}");
+        assert!(got.ends_with(&sib.hostname), "{got}");
+    }
+    assert_ne!(ids[0], ids[1], "siblings have their own identity");
+    for sib in &r.sessions {
+        d.rm(&sib.id).await.unwrap();
+    }
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}
