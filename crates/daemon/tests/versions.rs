@@ -1080,3 +1080,73 @@ async fn a_session_running_only_drums_own_processes_takes_light_versions_else_wh
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
 }
+
+/// Code in the session is hostile to a rollback in place, which writes the
+/// version's files back through the session's root: a symlink it planted
+/// where a directory of the version goes, pointing at a host path, is
+/// replaced, never followed: the host path is untouched and the session
+/// shows the version's files. A mount there it cannot plant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_in_place_follows_no_symlink_or_mount_the_session_planted() {
+    let mut d = TestDaemon::start();
+    let s = d
+        .create(&CreateSession {
+            name: Some("plant".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // A host directory the session's symlink names: what a write that
+    // followed it would change.
+    let host = tempfile::Builder::new()
+        .prefix("drums-planted-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(host.path().join("a"), "host\n").unwrap();
+    let untouched = |why: &str| {
+        let names: Vec<String> = std::fs::read_dir(host.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a"], "{why}");
+        assert_eq!(
+            std::fs::read_to_string(host.path().join("a")).unwrap(),
+            "host\n",
+            "{why}"
+        );
+    };
+    // A process of the session's own, so its versions have processes.
+    let start = "mkdir -p /root/w && echo base > /root/w/a && \
+                 (cd / && nohup sleep 100000 >/dev/null 2>&1 &)";
+    let v1 = took(&turn(&d, "plant", start, Policy::Selective).await);
+    assert_eq!(v1.took, "full", "{v1:#?}");
+
+    // The symlink: /root/w becomes a link to the host directory.
+    let (v2, at2) = two_files_versions(
+        &d,
+        "plant",
+        "echo two > /root/w/a && echo b > /root/w/b",
+        &format!("rm -rf /root/w && ln -s {} /root/w", host.path().display()),
+    )
+    .await;
+    let pid = init_pid(&d, "plant").await;
+    rollback(&d, "plant", &v2.number.to_string());
+    untouched("a rollback followed the session's symlink");
+    assert_eq!(listing(&d, "plant"), at2);
+    assert_eq!(rolled_back_in_place(&d), 1, "{}", d.log());
+    assert_eq!(
+        init_pid(&d, "plant").await,
+        pid,
+        "in place: no process touched"
+    );
+
+    // A mount: the session cannot plant one where drumsd writes (its root
+    // is confined: no mount in init's namespace, which /proc/INIT/root
+    // shows), and a private namespace's mount is not in that view; the
+    // walk's RESOLVE_NO_XDEV stays as the second line.
+    let (code, _, err) = d.sh("plant", "mount -t tmpfs none /root/w");
+    assert_ne!(code, 0, "the session mounted over /root/w: {err}");
+    untouched("after the mount attempt");
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}
