@@ -309,16 +309,6 @@ impl Manifest {
         }
     }
 
-    /// A light version: a selective one that took files alone while its
-    /// session ran only drums' own processes, which a cold start on its
-    /// files makes again (drums_session's versions::light). Unlike a
-    /// `files`-policy version, it lost no process state.
-    pub fn is_light(&self) -> bool {
-        self.version
-            .as_ref()
-            .is_some_and(|v| v.took == Took::Files && v.process_of.is_none() && v.policy != "files")
-    }
-
     pub fn images_bytes(&self) -> u64 {
         self.images.iter().map(|i| i.size).sum()
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use drums_api::{Checkpoint, CreateCheckpoint};
 use drums_catalog::{ResourceKind, VersionRecord};
 use drums_checkpoint::{ArtifactCost, Manifest, SourceSession, Took, VersionInfo, FORMAT_VERSION};
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::manager::Manager;
 use crate::spec::validate_name_of;
@@ -42,25 +42,14 @@ pub fn external_mounts_restore(bin_dir: &std::path::Path) -> Vec<(String, PathBu
 }
 
 /// What one version takes, decided by crate::versions::pair.
-#[derive(Clone)]
 pub(crate) struct Plan {
     pub took: Took,
-    /// A light version (crate::versions::light): `took` is files, and the
-    /// session is checked while frozen to run only these processes.
-    pub light: Option<crate::versions::DrumsOwn>,
     pub clean: bool,
     pub leave_running: bool,
     /// The version the session is at: what a selective artifact pairs with.
     pub head: Option<Manifest>,
     /// The history fields; the artifact fields are filled in as they are made.
     pub info: VersionInfo,
-}
-
-/// What [`Manager::take`] did.
-enum Taken {
-    Made(Box<Manifest>),
-    /// The light version was refused, once the session was frozen: why.
-    NotLight(String),
 }
 
 struct DumpReport {
@@ -251,26 +240,11 @@ impl Manager {
         pid: i32,
         ver: &VersionRecord,
         owner: &str,
-        mut plan: Plan,
+        plan: Plan,
     ) -> Result<Manifest, SessionError> {
-        if plan.light.is_some() {
-            match self.take(rec, pid, ver, owner, &plan).await? {
-                Taken::Made(m) => return Ok(*m),
-                Taken::NotLight(why) => {
-                    info!(session = %rec.name, "version {}: not light, taken whole: {why}", ver.id);
-                    plan.light = None;
-                    plan.took = Took::Full;
-                    plan.info.reason = Some(format!("not light: {why}"));
-                }
-            }
-        }
         let dumps = plan.took != Took::Files;
         let aside = dumps && self.inspect_set_aside(&rec.name);
-        let result = match self.take(rec, pid, ver, owner, &plan).await {
-            Ok(Taken::Made(m)) => Ok(*m),
-            Ok(Taken::NotLight(_)) => unreachable!("only a light plan is refused as one"),
-            Err(e) => Err(e),
-        };
+        let result = self.take(rec, pid, ver, owner, plan).await;
         match &result {
             Err(_) if aside => self.inspect_checkpoint_failed(&rec.name),
             Ok(m) if aside && m.leave_running => self.inspect_resumed(&rec.name),
@@ -285,8 +259,8 @@ impl Manager {
         pid: i32,
         ver: &VersionRecord,
         owner: &str,
-        plan: &Plan,
-    ) -> Result<Taken, SessionError> {
+        plan: Plan,
+    ) -> Result<Manifest, SessionError> {
         let started = Instant::now();
         self.host.faults.check("checkpoint.dir")?;
         let dir = self.host.checkpoint_dir(&ver.id);
@@ -297,7 +271,7 @@ impl Manager {
         std::fs::create_dir_all(&images).map_err(io("create", &images))?;
         let snap = self.host.checkpoint_snapshot(&ver.id);
         std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
-        let mut info = plan.info.clone();
+        let mut info = plan.info;
         info.took = plan.took;
         let (report, files_cost) = match plan.took {
             Took::Files => {
@@ -308,19 +282,7 @@ impl Manager {
                     &snap.display().to_string(),
                 )?;
                 self.host.faults.check("checkpoint.snapshot")?;
-                // A light version's processes, checked while frozen; an
-                // armed `version.light` fault refuses it as they would.
-                let check = plan.light.clone().map(|own| {
-                    let refused = self.host.faults.check("version.light").is_err();
-                    move |pids: &[i32]| match refused {
-                        true => Some("the fault version.light was injected".to_owned()),
-                        false => own.why_not(pids),
-                    }
-                });
-                let mut cost = match self.files_artifact(rec, &snap, check).await? {
-                    Ok(cost) => cost,
-                    Err(why) => return Ok(Taken::NotLight(why)),
-                };
+                let mut cost = self.files_artifact(rec, &snap).await?;
                 cost.bytes = self.files_bytes(&snap, plan.head.as_ref());
                 (None, Some(cost))
             }
@@ -381,15 +343,12 @@ impl Manager {
             }
             Took::Files => {
                 info.files_of = own.clone();
-                // A light version stands for processes a cold start makes.
-                info.process_of =
-                    if info.policy == drums_api::Policy::Files.as_str() || plan.light.is_some() {
-                        None
-                    } else {
-                        head.and_then(|h| h.process_of().map(str::to_owned))
-                    };
+                info.process_of = if info.policy == drums_api::Policy::Files.as_str() {
+                    None
+                } else {
+                    head.and_then(|h| h.process_of().map(str::to_owned))
+                };
                 info.held = head
-                    .filter(|_| plan.light.is_none())
                     .and_then(|h| h.version.as_ref())
                     .map(|v| v.held.clone())
                     .unwrap_or_default();
@@ -444,7 +403,7 @@ impl Manager {
         };
         m.write(&dir)?;
         drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
-        Ok(Taken::Made(Box::new(m)))
+        Ok(m)
     }
 
     /// The file data a files artifact wrote: what its snapshot holds in
@@ -466,15 +425,12 @@ impl Manager {
 
     /// A read-only snapshot of the session's subvolume, taken while its
     /// cgroup is frozen (the unified hierarchy's `cgroup.freeze`, measured
-    /// fastest: docs/engine.md), so no write is torn. With `check`, the
-    /// session's processes are read once frozen, and the snapshot is not
-    /// taken if it says why not (the inner error).
+    /// fastest: docs/engine.md), so no write is torn.
     async fn files_artifact(
         &self,
         rec: &drums_catalog::SessionRecord,
         snap: &std::path::Path,
-        check: Option<impl Fn(&[i32]) -> Option<String> + Send + 'static>,
-    ) -> Result<Result<ArtifactCost, String>, SessionError> {
+    ) -> Result<ArtifactCost, SessionError> {
         let upper = self.host.store_root.join("sessions").join(&rec.id);
         let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
         let target = snap.to_owned();
@@ -489,19 +445,10 @@ impl Manager {
             });
             let f0 = Instant::now();
             let snapped = cg.freeze(drums_cgroup::FreezeMethod::V2).map(|frozen| {
-                let refused = check.and_then(|c| match cg.pids() {
-                    Ok(pids) => c(&pids),
-                    Err(e) => Some(format!("the session's processes could not be read: {e}")),
-                });
-                let made = match &refused {
-                    Some(_) => Ok(()),
-                    None => {
-                        let inherit = drums_store::QgroupInherit::session(None);
-                        drums_store::snapshot_with(&upper, &target, true, &inherit)
-                    }
-                };
+                let inherit = drums_store::QgroupInherit::session(None);
+                let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
                 // Thawed whatever the snapshot did.
-                (made, frozen.thaw(), refused)
+                (made, frozen.thaw())
             });
             let frozen_ms = f0.elapsed().as_secs_f64() * 1e3;
             if let Some(p) = pause {
@@ -509,17 +456,14 @@ impl Manager {
                     tracing::warn!("inspector: {name} was thawed: {e}");
                 }
             }
-            let (made, thawed, refused) = snapped?;
+            let (made, thawed) = snapped?;
             made?;
             thawed?;
-            if let Some(why) = refused {
-                return Ok(Err(why));
-            }
-            Ok::<_, SessionError>(Ok(ArtifactCost {
+            Ok::<_, SessionError>(ArtifactCost {
                 bytes: 0,
                 frozen_ms,
                 total_ms: t0.elapsed().as_secs_f64() * 1e3,
-            }))
+            })
         })
         .await
         .expect("snapshot task does not panic")

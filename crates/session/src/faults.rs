@@ -58,11 +58,6 @@ pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
 /// the version's files back (the rollback then restores with CRIU).
 pub const ROLLBACK_POINTS: &[&str] = &["rollback.files"];
 
-/// Points a light version (crate::versions::light) can be refused at: its
-/// check of the session's processes, once frozen, fails as if one were not
-/// drums' own (the version is then taken whole).
-pub const LIGHT_POINTS: &[&str] = &["version.light"];
-
 /// Points a step can be held at (`hold`), one per state a version can be
 /// in when drumsd dies: `dumping` before CRIU runs, `versioning` before the
 /// manifest is written.
@@ -113,7 +108,6 @@ impl Faults {
                 .chain(EXPORT_POINTS)
                 .chain(IMAGE_POINTS)
                 .chain(ROLLBACK_POINTS)
-                .chain(LIGHT_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

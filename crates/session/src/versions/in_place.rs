@@ -214,7 +214,7 @@ impl Manager {
         m: &drums_checkpoint::Manifest,
     ) -> Result<Option<Session>, SessionError> {
         let refused = |why: &str| {
-            info!(session = %rec.name, version = ?target.number, "rollback: not in place ({why}): restoring it whole");
+            info!(session = %rec.name, version = ?target.number, "rollback: not in place ({why}): restoring with CRIU");
             Ok(None)
         };
         let Some(process_of) = m.process_of() else {
@@ -383,11 +383,7 @@ impl Manager {
         }
         let target = self.version_of(&rec, to)?;
         let (_, m) = self.manifest(&target.id)?;
-        // A light version starts cold, as its processes were: no caller
-        // alive now was in it, as with a CRIU restore.
-        if !m.is_light() {
-            crate::restore::process_artifact(&m)?;
-        }
+        crate::restore::process_artifact(&m)?;
         Ok(to_api_version(&target))
     }
 

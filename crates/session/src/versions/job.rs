@@ -14,9 +14,6 @@ use futures::future::BoxFuture;
 use tracing::{info, warn};
 
 use super::policy::{pair, Changed};
-
-/// Why a light version took what it took, as `drums versions` shows it.
-const LIGHT: &str = "only drums' own processes run: files alone, and a recovery to it starts the session cold on them";
 use crate::create::random_hex;
 use crate::manager::Manager;
 use crate::{teardown, SessionError};
@@ -162,33 +159,13 @@ impl Manager {
             Some(at) => self.manifest(at).ok().map(|(_, m)| m),
             None => None,
         };
-        let (mut took, mut reason) = pair(
+        let (took, reason) = pair(
             job.wanted,
             job.policy,
             head.as_ref(),
             &job.changed,
             pos.needs_full,
         );
-        // A whole version of a selective session that runs only drums' own
-        // processes is taken light (super::light); checked again frozen.
-        let own = super::DrumsOwn::new(&self.host.bin_dir, pid);
-        let light = took == Took::Full
-            && job.policy == Policy::Selective
-            && rec.profile == drums_api::Profile::Headless
-            && job.name.is_none()
-            && job.leave_running
-            && !pos.exported
-            && own
-                .why_not(
-                    &drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
-                        .pids()
-                        .unwrap_or_default(),
-                )
-                .is_none();
-        if light {
-            took = Took::Files;
-            reason = Some(LIGHT.into());
-        }
         let open = if took == Took::Files {
             0
         } else {
@@ -225,7 +202,6 @@ impl Manager {
         let owner = format!("ckpt:{id}");
         let plan = crate::checkpoint::Plan {
             took,
-            light: light.then_some(own),
             clean: job.clean,
             leave_running: job.leave_running,
             head: head.clone(),
@@ -258,7 +234,7 @@ impl Manager {
                     p.at = Some(id.clone());
                     p.needs_full = false;
                 });
-                info!(session = %rec.name, version = info.number, took = info.took.as_str(), "version done");
+                info!(session = %rec.name, version = info.number, took = took.as_str(), "version done");
                 // Off the job: its waiter (an agent's held LLM answer) need
                 // not wait for old versions' subvolumes to be deleted.
                 let (me, sid, name) = (Arc::clone(self), rec.id.clone(), rec.name.clone());
