@@ -783,26 +783,39 @@ async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_re
         "{e3:#?}"
     );
     let at3 = listing(&d, "inpl");
-    // 4: every kind of change the other way.
-    let v4 = took(
-        &turn(
-            &d,
-            "inpl",
-            "echo two > /root/w/a && rm -r /root/w/d && echo b > /root/w/b && chmod 600 /root/w/b \
-             && ln -s b /root/w/link && mkdir /root/w/g && rm /etc/drums-test.conf \
-             && echo new > /etc/drums-test-2",
-            Policy::Selective,
-        )
-        .await,
-    );
-    assert_eq!(v4.took, "files", "{v4:#?}");
-    assert_ne!(listing(&d, "inpl"), at3);
-
-    let pid = init_pid(&d, "inpl").await;
-    rollback(&d, "inpl", "3");
-    assert_eq!(rolled_back_in_place(&d), 1, "{}", d.log());
+    // 4: every kind of change the other way, then back to 3 in place. A
+    // loaded host may give the sleeper, woken by 4's freeze, no CPU within
+    // the inspector's settling wait: it then counts as having run, and the
+    // rollback restores with CRIU (exactly 3's files too). Tried again, 3
+    // times at most, from 3.
+    let mut pid = 0;
+    for attempt in 1..=3 {
+        let v4 = took(
+            &turn(
+                &d,
+                "inpl",
+                "echo two > /root/w/a && rm -r /root/w/d && echo b > /root/w/b && chmod 600 /root/w/b \
+                 && ln -s b /root/w/link && mkdir /root/w/g && rm /etc/drums-test.conf \
+                 && echo new > /etc/drums-test-2",
+                Policy::Selective,
+            )
+            .await,
+        );
+        assert_eq!(v4.took, "files", "{v4:#?}");
+        assert_ne!(listing(&d, "inpl"), at3);
+        pid = init_pid(&d, "inpl").await;
+        rollback(&d, "inpl", "3");
+        assert_eq!(listing(&d, "inpl"), at3, "the files are version 3's");
+        if rolled_back_in_place(&d) == 1 {
+            break;
+        }
+        assert!(
+            attempt < 3 && d.log().contains("(sleep): ran"),
+            "not in place, 3 times: {}",
+            d.log()
+        );
+    }
     assert_eq!(init_pid(&d, "inpl").await, pid, "no process was touched");
-    assert_eq!(listing(&d, "inpl"), at3, "the files are version 3's");
     // The history goes on from 3, and the next files turn is files again
     // (the processes' baseline is as it was).
     let e5 = turn(&d, "inpl", "echo five > /root/w/five", Policy::Selective).await;
