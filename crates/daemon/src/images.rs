@@ -172,11 +172,19 @@ pub async fn import(
     q: std::result::Result<Query<ImportQuery>, axum::extract::rejection::QueryRejection>,
     body: Body,
 ) -> Result<(StatusCode, Json<ImageRef>)> {
+    let mut body = body.into_data_stream();
     // Every error is an ErrorBody, a query's too.
-    let Query(q) = q.map_err(|e| bad(format!("import takes ?name=REFERENCE: {e}")))?;
-    let row = m
-        .import_image(body.into_data_stream(), q.name.as_deref())
-        .await?;
+    let row = match q {
+        Err(e) => Err(bad(format!("import takes ?name=REFERENCE: {e}"))),
+        Ok(Query(q)) => m
+            .import_image(&mut body, q.name.as_deref())
+            .await
+            .map_err(ApiError::from),
+    };
+    if row.is_err() {
+        crate::upload::drain_refused(&mut body).await;
+    }
+    let row = row?;
     info!(image = %row.id, names = ?row.names, "image imported");
     Ok((
         StatusCode::CREATED,

@@ -16,6 +16,7 @@ mod replication;
 pub mod request_id;
 pub mod server;
 pub mod session_api;
+mod upload;
 
 pub use config::{Cli, Command, DaemonArgs};
 

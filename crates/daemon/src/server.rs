@@ -551,16 +551,22 @@ async fn import(
     >,
     body: Body,
 ) -> Result<impl IntoResponse> {
-    let q = q.map_err(|e| {
-        ApiError::new(
+    let mut body = body.into_data_stream();
+    let ck = match q {
+        Err(e) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_request",
             format!("import takes ?trust_unsigned=true|false and ?name=NAME: {e}"),
-        )
-    })?;
-    let ck = m
-        .import(body.into_data_stream(), q.trust_unsigned, q.name.as_deref())
-        .await?;
+        )),
+        Ok(axum::extract::Query(q)) => m
+            .import(&mut body, q.trust_unsigned, q.name.as_deref())
+            .await
+            .map_err(ApiError::from),
+    };
+    if ck.is_err() {
+        crate::upload::drain_refused(&mut body).await;
+    }
+    let ck = ck?;
     info!(checkpoint = %ck.id, name = %ck.name, "checkpoint imported");
     Ok((StatusCode::CREATED, Json(ck)))
 }
