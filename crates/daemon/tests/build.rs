@@ -365,8 +365,8 @@ fn import_with_a_name_and_tag_as_podman_does() {
         &d.drums(&["image", "import", b.to_str().unwrap(), "--name", "other:2"]),
         "import --name",
     );
-    // Several times: without the drain, about one in six of these answers
-    // was lost to the race.
+    // Several times: without the drain, 2 of 12 runs with one refusal of
+    // each lost an answer to the race.
     for archive in [&a, &big, &a, &big, &a, &big] {
         let err = fails(
             &d.drums(&[
