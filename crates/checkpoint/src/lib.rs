@@ -31,7 +31,10 @@ use sha2::{Digest, Sha256};
 /// 4: `version`, where the manifest sits in its session's history and which
 /// versions' artifacts it uses; an older manifest reads as a full version
 /// outside any history (what every checkpoint then was).
-pub const FORMAT_VERSION: u32 = 4;
+///
+/// 5: a light version's `last_pid` (the version's `last_pid`); an older
+/// manifest reads as one without (none of them was light).
+pub const FORMAT_VERSION: u32 = 5;
 
 pub mod archive;
 pub mod keys;
@@ -293,6 +296,11 @@ pub struct VersionInfo {
     /// What it took itself.
     pub files: Option<ArtifactCost>,
     pub process: Option<ArtifactCost>,
+    /// A light version's: the last pid its session's pid namespace had
+    /// handed out, which a cold start to it puts back (drums_session's
+    /// versions::light). None for any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_pid: Option<u32>,
 }
 
 impl Manifest {
@@ -307,6 +315,19 @@ impl Manifest {
             None => Some(&self.id),
             Some(v) => v.process_of.as_deref(),
         }
+    }
+
+    /// A light version: a selective one that took files alone while its
+    /// session ran only drums' own processes, which a cold start on its
+    /// files makes again (drums_session's versions::light). Unlike a
+    /// `files`-policy version, it lost no process state.
+    pub fn is_light(&self) -> bool {
+        self.last_pid().is_some()
+    }
+
+    /// A light version's last pid: what a cold start to it puts back.
+    pub fn last_pid(&self) -> Option<u32> {
+        self.version.as_ref().and_then(|v| v.last_pid)
     }
 
     pub fn images_bytes(&self) -> u64 {

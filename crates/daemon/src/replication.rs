@@ -64,6 +64,7 @@ pub async fn on(
         }
     };
     let g = c.replicas().on(&s.id, timeout);
+    m.versions_exported(&s.id, true);
     info!(session = %s.id, ?timeout, "replication gate on");
     Ok(Json(view(&s.id, g)))
 }
@@ -87,6 +88,7 @@ pub async fn off(
     if !c.replicas().off(&s.id) {
         return Err(no_gate(&s.name));
     }
+    m.versions_exported(&s.id, false);
     info!(session = %s.id, "replication gate off");
     Ok(StatusCode::NO_CONTENT)
 }

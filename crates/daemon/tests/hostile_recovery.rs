@@ -479,7 +479,8 @@ async fn a_sessions_turn_ends_have_a_budget_of_versions() {
     }
     // The host's own turn end, after a turn that changed a file: taken,
     // and whole (the two turns past the budget changed files that no
-    // version holds), where a files version would do otherwise.
+    // version holds), where a files version would do otherwise: light, as
+    // only drums' own processes run (every file, no process artifact).
     let (code, _, err) = d.sh("s", "echo 5 > /root/f5");
     assert_eq!(code, 0, "{err}");
     let e: TurnEffects = d
@@ -496,7 +497,18 @@ async fn a_sessions_turn_ends_have_a_budget_of_versions() {
         .await
         .unwrap();
     let v = e.checkpoint.and_then(|c| c.version).expect("a version");
-    assert_eq!(v.took, "full", "{v:#?}");
+    assert_eq!(
+        (v.took.as_str(), v.process_of.as_deref()),
+        ("files", None),
+        "{v:#?}"
+    );
+    assert!(
+        v.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("drums' own"),
+        "{v:#?}"
+    );
     assert_eq!(versions(&d, "s").await.len(), 4);
     d.rm("s").await.unwrap();
     d.stop_and_check_leaks();

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::llm::{model_call, Mock};
 use common::{assert_schema, TestDaemon};
 use drums_api::{CreateSession, EndTurn, Policy, SessionVersion, SessionVersions, TurnEffects};
 use hyper::Method;
@@ -34,8 +35,11 @@ async fn turn(d: &TestDaemon, s: &str, script: &str, policy: Policy) -> TurnEffe
     {
         panic!("turn begin before {script:?}: {e}\n{}", d.log());
     }
-    let (code, out, err) = d.sh(s, script);
-    assert_eq!(code, 0, "{script}: {out} {err}");
+    // An empty script runs nothing: a turn in which the agent only thought.
+    if !script.is_empty() {
+        let (code, out, err) = d.sh(s, script);
+        assert_eq!(code, 0, "{script}: {out} {err}");
+    }
     let e: TurnEffects = d
         .client
         .json(
@@ -942,6 +946,166 @@ async fn two_files_versions(
         "no two files-only versions in a row in 3 tries: {took_:?}\n{}",
         d.log()
     );
+}
+
+async fn named(d: &TestDaemon, name: &str) -> drums_api::Session {
+    d.create(&CreateSession {
+        name: Some(name.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// A selective session that runs only drums' own processes (its init and
+/// guest) takes its whole versions light: files alone, no process artifact,
+/// and the last pid its pid namespace handed out. A rollback, recovery or
+/// fork to one starts cold on its files and puts that last pid back, so the
+/// session's next process gets the pid it would have got (as after a CRIU
+/// restore). Each precondition falls back to a whole version: a process of
+/// the session's own runs, the check failing once the session is frozen,
+/// and once its files are snapshotted (faults).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_running_only_drums_own_processes_takes_light_versions_else_whole_ones() {
+    let mock = Mock::start();
+    let openai = format!("openai={}", mock.url());
+    let mut d = TestDaemon::start_with(&["--llm-upstream", &openai]);
+    let light = |v: &SessionVersion| {
+        v.took == "files"
+            && v.process_of.is_none()
+            && v.files_of.as_deref() == Some(v.id.as_str())
+            && v.process.is_none()
+            && v.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("drums' own")
+    };
+    let whole =
+        |v: &SessionVersion| v.took == "full" && v.process_of.as_deref() == Some(v.id.as_str());
+    let newest = |v: Vec<SessionVersion>| v.into_iter().last().expect("a version");
+    let pid_now = |d: &TestDaemon, s: &str| {
+        let (code, out, err) = d.sh(s, "echo $$");
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+
+    // 1: an agent's first model request, before it ran anything: light.
+    let s = named(&d, "lite").await;
+    model_call(d.proxy_local, "lite", "m", "one");
+    let v1 = newest(versions(&d, "lite").await);
+    assert!(light(&v1), "{v1:#?}");
+    // The pid the session's first process got.
+    let next1 = pid_now(&d, "lite");
+    let at1 = listing(&d, "lite");
+    // 2: commands ran and ended, a file changed: light again (the head
+    // has no processes to pair with, so whole, so light).
+    let (code, _, err) = d.sh("lite", "mkdir -p /root/w && echo one > /root/w/a");
+    assert_eq!(code, 0, "{err}");
+    model_call(d.proxy_local, "lite", "m", "two");
+    let v2 = newest(versions(&d, "lite").await);
+    assert!(light(&v2) && v2.number == 2, "{v2:#?}");
+    let next2 = pid_now(&d, "lite");
+    assert_ne!(next2, next1);
+    let at2 = listing(&d, "lite");
+    // 3: a process of the session's own runs: whole, with CRIU.
+    let sleeper = "(cd / && nohup sleep 100000 >/dev/null 2>&1 &); sleep 0.2";
+    let (code, _, err) = d.sh("lite", &format!("echo three > /root/w/a; {sleeper}"));
+    assert_eq!(code, 0, "{err}");
+    model_call(d.proxy_local, "lite", "m", "three");
+    let v3 = newest(versions(&d, "lite").await);
+    assert!(whole(&v3) && v3.number == 3, "{v3:#?}");
+    let sleeping = |d: &TestDaemon| d.sh("lite", "pgrep -x sleep >/dev/null").0 == 0;
+    assert!(sleeping(&d));
+
+    // Back to 2, then to 1: each a cold start on its files, whose first
+    // process gets the pid the session's next process got then.
+    for (to, next, files) in [("2", &next2, &at2), ("1", &next1, &at1)] {
+        let pid = init_pid(&d, "lite").await;
+        rollback(&d, "lite", to);
+        assert_ne!(init_pid(&d, "lite").await, pid, "a cold start");
+        assert_eq!(&pid_now(&d, "lite"), next, "the same next pid at {to}");
+        assert_eq!(&listing(&d, "lite"), files, "the files of {to}");
+        assert!(!sleeping(&d));
+    }
+    let now: drums_api::Session = d
+        .client
+        .json(Method::GET, "/v1/sessions/lite", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(
+        (now.id.as_str(), now.ip.as_deref()),
+        (s.id.as_str(), s.ip.as_deref())
+    );
+
+    // Fallbacks: the check fails once frozen, and once snapshotted (faults):
+    // whole, and each says why.
+    for fault in ["version.light", "version.light.after"] {
+        let f = named(&d, "faulted").await;
+        d.arm(Some(fault)).await;
+        model_call(d.proxy_local, "faulted", "m", "one");
+        d.arm(None).await;
+        let v = newest(versions(&d, "faulted").await);
+        assert!(whole(&v), "{fault}: {v:#?}");
+        let why = v.reason.as_deref().unwrap_or_default();
+        assert!(why.contains("not light") && why.contains(fault), "{v:#?}");
+        d.rm(&f.id).await.unwrap();
+    }
+
+    // A light version taken after a command ran; the session's processes
+    // die: `recover` brings back its files, cold, and the next pid.
+    let r = named(&d, "recovered").await;
+    assert_eq!(d.sh("recovered", "true").0, 0);
+    model_call(d.proxy_local, "recovered", "m", "one");
+    assert!(light(&newest(versions(&d, "recovered").await)));
+    let next = pid_now(&d, "recovered");
+    let init = init_pid(&d, "recovered").await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(common::gone(|| !drums_session::process::alive(init)));
+    let o = d.drums(&["recover", "recovered"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    assert_eq!(pid_now(&d, "recovered"), next, "the same next pid");
+    d.rm(&r.id).await.unwrap();
+
+    // A fork at 2: siblings cold on 2's files, each its own, each with the
+    // next pid of 2.
+    let o = d.drums(&["fork", "lite", "--at", "2", "--count", "2", "--json"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log()
+    );
+    let r: drums_api::RestoreResult = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r.checkpoint, v2.id);
+    let ids: Vec<String> = r
+        .sessions
+        .iter()
+        .map(|sib| {
+            let (code, out, err) =
+                d.sh(&sib.id, "echo $$; cat /root/w/a /etc/machine-id; hostname");
+            assert_eq!(code, 0, "{err}");
+            out
+        })
+        .collect();
+    for (sib, got) in r.sessions.iter().zip(&ids) {
+        assert!(got.starts_with(&format!("{next2}\none\n")), "{got}");
+        assert!(got.ends_with(&sib.hostname), "{got}");
+    }
+    assert_ne!(ids[0], ids[1], "siblings have their own identity");
+    for sib in &r.sessions {
+        d.rm(&sib.id).await.unwrap();
+    }
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
 }
 
 /// Code in the session is hostile to a rollback in place, which writes the

@@ -139,6 +139,12 @@ pub struct Health {
     pub version: String,
     pub hostname: String,
     pub pid: u32,
+    /// The last pid the session's pid namespace handed out
+    /// (`/proc/sys/kernel/ns_last_pid`, which a process reads for its own
+    /// namespace only). Equal to `pid` while nothing but the session's init
+    /// and this agent ever ran: drumsd's light versions rest on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_pid: Option<u32>,
 }
 
 async fn health() -> Json<Health> {
@@ -149,6 +155,11 @@ async fn health() -> Json<Health> {
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
         pid: std::process::id(),
+        // Read here, on the runtime's one thread: a blocking-pool thread
+        // would take a pid and move what it reads.
+        last_pid: std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use drums_api::{Checkpoint, CreateCheckpoint};
 use drums_catalog::{ResourceKind, VersionRecord};
 use drums_checkpoint::{ArtifactCost, Manifest, SourceSession, Took, VersionInfo, FORMAT_VERSION};
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::manager::Manager;
 use crate::spec::validate_name_of;
@@ -42,14 +42,25 @@ pub fn external_mounts_restore(bin_dir: &std::path::Path) -> Vec<(String, PathBu
 }
 
 /// What one version takes, decided by crate::versions::pair.
+#[derive(Clone)]
 pub(crate) struct Plan {
     pub took: Took,
+    /// A light version (crate::versions::light): `took` is files, and the
+    /// session is checked while frozen to run only these processes.
+    pub light: Option<crate::versions::DrumsOwn>,
     pub clean: bool,
     pub leave_running: bool,
     /// The version the session is at: what a selective artifact pairs with.
     pub head: Option<Manifest>,
     /// The history fields; the artifact fields are filled in as they are made.
     pub info: VersionInfo,
+}
+
+/// What [`Manager::take`] did.
+enum Taken {
+    Made(Box<Manifest>),
+    /// The light version was refused, once the session was frozen: why.
+    NotLight(String),
 }
 
 struct DumpReport {
@@ -240,11 +251,26 @@ impl Manager {
         pid: i32,
         ver: &VersionRecord,
         owner: &str,
-        plan: Plan,
+        mut plan: Plan,
     ) -> Result<Manifest, SessionError> {
+        if plan.light.is_some() {
+            match self.take(rec, pid, ver, owner, &plan).await? {
+                Taken::Made(m) => return Ok(*m),
+                Taken::NotLight(why) => {
+                    info!(session = %rec.name, "version {}: not light, taken whole: {why}", ver.id);
+                    plan.light = None;
+                    plan.took = Took::Full;
+                    plan.info.reason = Some(format!("not light: {why}"));
+                }
+            }
+        }
         let dumps = plan.took != Took::Files;
         let aside = dumps && self.inspect_set_aside(&rec.name);
-        let result = self.take(rec, pid, ver, owner, plan).await;
+        let result = match self.take(rec, pid, ver, owner, &plan).await {
+            Ok(Taken::Made(m)) => Ok(*m),
+            Ok(Taken::NotLight(_)) => unreachable!("only a light plan is refused as one"),
+            Err(e) => Err(e),
+        };
         match &result {
             Err(_) if aside => self.inspect_checkpoint_failed(&rec.name),
             Ok(m) if aside && m.leave_running => self.inspect_resumed(&rec.name),
@@ -259,8 +285,8 @@ impl Manager {
         pid: i32,
         ver: &VersionRecord,
         owner: &str,
-        plan: Plan,
-    ) -> Result<Manifest, SessionError> {
+        plan: &Plan,
+    ) -> Result<Taken, SessionError> {
         let started = Instant::now();
         self.host.faults.check("checkpoint.dir")?;
         let dir = self.host.checkpoint_dir(&ver.id);
@@ -271,7 +297,7 @@ impl Manager {
         std::fs::create_dir_all(&images).map_err(io("create", &images))?;
         let snap = self.host.checkpoint_snapshot(&ver.id);
         std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
-        let mut info = plan.info;
+        let mut info = plan.info.clone();
         info.took = plan.took;
         let (report, files_cost) = match plan.took {
             Took::Files => {
@@ -282,7 +308,41 @@ impl Manager {
                     &snap.display().to_string(),
                 )?;
                 self.host.faults.check("checkpoint.snapshot")?;
-                let mut cost = self.files_artifact(rec, &snap).await?;
+                // A light version's processes, checked while frozen; an
+                // armed `version.light` fault refuses it as they would.
+                let check = plan.light.clone().map(|own| {
+                    let refused = self.host.faults.check("version.light").is_err();
+                    move |pids: &[i32]| match refused {
+                        true => Some("the fault version.light was injected".to_owned()),
+                        false => own.why_not(pids),
+                    }
+                });
+                let mut cost = match self.files_artifact(rec, &snap, check).await? {
+                    Ok(cost) => cost,
+                    Err(why) => return Ok(Taken::NotLight(why)),
+                };
+                // And after: a process that started and ended between the
+                // job's look at the last pid and the freeze left no trace in
+                // the cgroup, but moved the last pid on, so the one the job
+                // read is not the files' own. Then these files go, and the
+                // version is taken whole.
+                if let Some(own) = &plan.light {
+                    let after = match self.host.faults.check("version.light.after") {
+                        Err(_) => Err("the fault version.light.after was injected".to_owned()),
+                        Ok(()) => match crate::versions::last_pid(pid).await {
+                            Ok(now) if now == own.last_pid => Ok(()),
+                            Ok(now) => Err(format!(
+                                "a process ran meanwhile (the session's last pid moved from {} to {now})",
+                                own.last_pid
+                            )),
+                            Err(why) => Err(why),
+                        },
+                    };
+                    if let Err(why) = after {
+                        drums_store::delete_subvolume(&snap)?;
+                        return Ok(Taken::NotLight(format!("once snapshotted: {why}")));
+                    }
+                }
                 cost.bytes = self.files_bytes(&snap, plan.head.as_ref());
                 (None, Some(cost))
             }
@@ -343,12 +403,17 @@ impl Manager {
             }
             Took::Files => {
                 info.files_of = own.clone();
-                info.process_of = if info.policy == drums_api::Policy::Files.as_str() {
-                    None
-                } else {
-                    head.and_then(|h| h.process_of().map(str::to_owned))
-                };
+                // A light version stands for processes a cold start makes,
+                // and the last pid it puts back.
+                info.last_pid = plan.light.as_ref().map(|own| own.last_pid);
+                info.process_of =
+                    if info.policy == drums_api::Policy::Files.as_str() || plan.light.is_some() {
+                        None
+                    } else {
+                        head.and_then(|h| h.process_of().map(str::to_owned))
+                    };
                 info.held = head
+                    .filter(|_| plan.light.is_none())
                     .and_then(|h| h.version.as_ref())
                     .map(|v| v.held.clone())
                     .unwrap_or_default();
@@ -403,7 +468,7 @@ impl Manager {
         };
         m.write(&dir)?;
         drums_checkpoint::fsync_dir(dir.parent().expect("has parent"))?;
-        Ok(m)
+        Ok(Taken::Made(Box::new(m)))
     }
 
     /// The file data a files artifact wrote: what its snapshot holds in
@@ -425,12 +490,15 @@ impl Manager {
 
     /// A read-only snapshot of the session's subvolume, taken while its
     /// cgroup is frozen (the unified hierarchy's `cgroup.freeze`, measured
-    /// fastest: docs/engine.md), so no write is torn.
+    /// fastest: docs/engine.md), so no write is torn. With `check`, the
+    /// session's processes are read once frozen, and the snapshot is not
+    /// taken if it says why not (the inner error).
     async fn files_artifact(
         &self,
         rec: &drums_catalog::SessionRecord,
         snap: &std::path::Path,
-    ) -> Result<ArtifactCost, SessionError> {
+        check: Option<impl Fn(&[i32]) -> Option<String> + Send + 'static>,
+    ) -> Result<Result<ArtifactCost, String>, SessionError> {
         let upper = self.host.store_root.join("sessions").join(&rec.id);
         let cg = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
         let target = snap.to_owned();
@@ -445,10 +513,19 @@ impl Manager {
             });
             let f0 = Instant::now();
             let snapped = cg.freeze(drums_cgroup::FreezeMethod::V2).map(|frozen| {
-                let inherit = drums_store::QgroupInherit::session(None);
-                let made = drums_store::snapshot_with(&upper, &target, true, &inherit);
+                let refused = check.and_then(|c| match cg.pids() {
+                    Ok(pids) => c(&pids),
+                    Err(e) => Some(format!("the session's processes could not be read: {e}")),
+                });
+                let made = match &refused {
+                    Some(_) => Ok(()),
+                    None => {
+                        let inherit = drums_store::QgroupInherit::session(None);
+                        drums_store::snapshot_with(&upper, &target, true, &inherit)
+                    }
+                };
                 // Thawed whatever the snapshot did.
-                (made, frozen.thaw())
+                (made, frozen.thaw(), refused)
             });
             let frozen_ms = f0.elapsed().as_secs_f64() * 1e3;
             if let Some(p) = pause {
@@ -456,14 +533,17 @@ impl Manager {
                     tracing::warn!("inspector: {name} was thawed: {e}");
                 }
             }
-            let (made, thawed) = snapped?;
+            let (made, thawed, refused) = snapped?;
             made?;
             thawed?;
-            Ok::<_, SessionError>(ArtifactCost {
+            if let Some(why) = refused {
+                return Ok(Err(why));
+            }
+            Ok::<_, SessionError>(Ok(ArtifactCost {
                 bytes: 0,
                 frozen_ms,
                 total_ms: t0.elapsed().as_secs_f64() * 1e3,
-            })
+            }))
         })
         .await
         .expect("snapshot task does not panic")

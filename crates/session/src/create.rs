@@ -79,7 +79,7 @@ impl Manager {
             privileged: spec.privileged,
             lower: &image.rootfs,
             upper: Upper::Empty,
-            start: Start::Cold,
+            start: Start::Cold { last_pid: None },
             ready: Ready::Fresh(spec.desktop.as_ref()),
         };
         let mut built = boot(&self.host, &rec, plan).await;

@@ -58,6 +58,13 @@ pub const DESKTOP_POINTS: &[&str] = &["create.desktop", "restore.desktop"];
 /// the version's files back (the rollback then restores with CRIU).
 pub const ROLLBACK_POINTS: &[&str] = &["rollback.files"];
 
+/// Points a light version (crate::versions::light) can be refused at, each
+/// then taken whole: `version.light`, the check of the session's processes
+/// once frozen, as if one were not drums' own; `version.light.after`, the
+/// check once the files are snapshotted, as if a process had run meanwhile
+/// (the snapshot is deleted first).
+pub const LIGHT_POINTS: &[&str] = &["version.light", "version.light.after"];
+
 /// Points a step can be held at (`hold`), one per state a version can be
 /// in when drumsd dies: `dumping` before CRIU runs, `versioning` before the
 /// manifest is written.
@@ -108,6 +115,7 @@ impl Faults {
                 .chain(EXPORT_POINTS)
                 .chain(IMAGE_POINTS)
                 .chain(ROLLBACK_POINTS)
+                .chain(LIGHT_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

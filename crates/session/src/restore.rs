@@ -81,11 +81,15 @@ impl Manager {
         let (ck, m) = self.manifest(&id)?;
         // Refused before CRIU runs: another host's checkpoint, or damaged images.
         m.host.check_restorable_on(&self.host.fingerprint)?;
-        let process_of = process_artifact(&m)?;
-        let images = self.host.checkpoint_dir(process_of).join("images");
-        self.checkpoints
-            .verify(process_of, &images, &m.images)
-            .await?;
+        // A light version's siblings start cold on its files: its
+        // processes were only drums' own (crate::versions::light).
+        if !m.is_light() {
+            let process_of = process_artifact(&m)?;
+            let images = self.host.checkpoint_dir(process_of).join("images");
+            self.checkpoints
+                .verify(process_of, &images, &m.images)
+                .await?;
+        }
         // Before anything is made: the siblings' limits, the checkpoint's own
         // with today's defaults where it names none.
         let limits = self.host.manifest_limits(&ck.id, &m)?;
@@ -182,6 +186,10 @@ impl Manager {
             .host
             .catalog
             .insert_session(rec, pool, ids, self.host.cfg.max_sessions)?;
+        let cold = match m.is_light() {
+            true => Some(crate::spec::Spec::of_version(&m.session, limits.clone())?),
+            false => None,
+        };
         let plan = Plan {
             limits,
             privileged: m.session.privileged,
@@ -189,11 +197,21 @@ impl Manager {
             // The sibling's own quota, set in the snapshot ioctl itself: the
             // same budget for new writes as its checkpoint's session had.
             upper: Upper::Snapshot(self.host.checkpoint_snapshot(m.files_of())),
-            start: Start::Restore {
-                manifest: m,
-                kept_port: false,
+            start: match &cold {
+                None => Start::Restore {
+                    manifest: m,
+                    kept_port: false,
+                },
+                Some(_) => Start::Cold {
+                    last_pid: m.last_pid(),
+                },
             },
-            ready: Ready::Hygiene { clean: m.clean },
+            // A cold start is a new session's: its own identity from the
+            // start, no hygiene to run.
+            ready: match &cold {
+                None => Ready::Hygiene { clean: m.clean },
+                Some(spec) => Ready::Fresh(spec.desktop.as_ref()),
+            },
         };
         let built = boot(&self.host, &rec, plan).await;
         self.settle(&rec, built).await
@@ -205,7 +223,7 @@ impl Manager {
 pub(crate) fn process_artifact(m: &Manifest) -> Result<&str, SessionError> {
     m.process_of().ok_or_else(|| {
         SessionError::Conflict(format!(
-            "version {} holds files only (the files policy): it has no processes to restore",
+            "version {} holds files only (the files policy, or a light version): it has no processes to restore",
             m.id
         ))
     })

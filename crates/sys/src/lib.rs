@@ -222,6 +222,61 @@ pub fn set_hostname_in(pid: i32, name: &str) -> Result<()> {
     }))
 }
 
+/// Set the last pid handed out in the pid namespace of process `pid` to
+/// `last`, so that its next process gets `last + 1`, as CRIU does when it
+/// restores one. `/proc/sys/kernel/ns_last_pid` answers for the writer's own
+/// namespace, and a session may not write it (no CAP_CHECKPOINT_RESTORE, a
+/// read-only /proc/sys), so a thread of this process joins the namespace for
+/// its children and forks one that writes it, through a descriptor opened
+/// here, then exits. That child takes a pid of the namespace for its life;
+/// the write sets the namespace's cursor whatever that pid was.
+pub fn set_last_pid_in(pid: i32, last: u32) -> Result<()> {
+    let ns = format!("/proc/{pid}/ns/pid");
+    let target = ns.clone();
+    std::thread::spawn(move || -> Result<()> {
+        let open = |path: &str, flags| {
+            nix::fcntl::open(path, flags | nix::fcntl::OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(err("open", path.to_owned()))
+                // SAFETY: just opened, owned here.
+                .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        };
+        let fd = open(&ns, nix::fcntl::OFlag::O_RDONLY)?;
+        let ctl = open("/proc/sys/kernel/ns_last_pid", nix::fcntl::OFlag::O_WRONLY)?;
+        // Formatted before the fork: the child may not allocate.
+        let text = last.to_string();
+        // Only this thread's children change namespace, and it ends right
+        // after.
+        nix::sched::setns(&fd, CloneFlags::CLONE_NEWPID).map_err(err("setns", ns.clone()))?;
+        // SAFETY: the child only writes to a descriptor opened above and
+        // exits: async-signal-safe, so forking a multithreaded drumsd is
+        // sound.
+        match unsafe { nix::unistd::fork() }.map_err(err("fork", ns.clone()))? {
+            // SAFETY: a raw write to a descriptor this thread owns, then
+            // _exit without running any of drumsd's destructors.
+            nix::unistd::ForkResult::Child => unsafe {
+                let n = libc::write(ctl.as_raw_fd(), text.as_ptr().cast(), text.len());
+                libc::_exit(if n == text.len() as isize { 0 } else { 1 })
+            },
+            nix::unistd::ForkResult::Parent { child } => {
+                match nix::sys::wait::waitpid(child, None).map_err(err("wait", ns.clone()))? {
+                    nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                    _ => Err(SysError {
+                        op: "write ns_last_pid",
+                        target: format!("{ns} ({last})"),
+                        source: nix::Error::EPERM,
+                    }),
+                }
+            }
+        }
+    })
+    .join()
+    .unwrap_or(Err(SysError {
+        op: "set the last pid in",
+        target,
+        source: nix::Error::EIO,
+    }))
+}
+
 /// Open `rel` inside the tree rooted at `root` (a session's root, seen from
 /// the host as `/proc/PID/root`) as the session would resolve it: every
 /// symlink and `..` stays inside `root` (RESOLVE_IN_ROOT), and no

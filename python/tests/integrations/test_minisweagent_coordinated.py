@@ -121,6 +121,17 @@ def _run(
 
     def while_thinking(model: str, step: int) -> None:
         if model == name and step == 1 and not killed:
+            # Once this turn's version is durable, as it is in a real run,
+            # where the model thinks for seconds. A kill that races the
+            # version loses it, correctly, and the run recovers to the one
+            # before; which way that race went was timing alone (light
+            # versions made it go the other way).
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                vs = env.sandbox.versions()
+                if len(vs) >= 2 and vs[-1].state == "done":
+                    break
+                time.sleep(0.02)
             kill_init()
 
     try:

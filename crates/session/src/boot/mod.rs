@@ -52,8 +52,10 @@ pub(crate) enum Upper {
 
 /// How its processes start.
 pub(crate) enum Start<'a> {
-    /// drums-init starts the session's init cold.
-    Cold,
+    /// drums-init starts the session's init cold; with a light version's
+    /// `last_pid`, its pid namespace gets that last pid back once the
+    /// session is ready, as a CRIU restore would (crate::versions::light).
+    Cold { last_pid: Option<u32> },
     /// CRIU restores the processes a version dumped.
     Restore {
         manifest: &'a Manifest,
@@ -126,7 +128,7 @@ pub(crate) async fn boot(
 ) -> Result<i32, SessionError> {
     let id = &rec.id;
     let record = |kind, key: &str| host.catalog.record(id, kind, key);
-    let is_cold = matches!(plan.start, Start::Cold);
+    let is_cold = matches!(plan.start, Start::Cold { .. });
     let check = |step| match point(is_cold, step) {
         Some(p) => host.faults.check(p),
         None => Ok(()),
@@ -191,7 +193,7 @@ pub(crate) async fn boot(
     let made = Made { dir, root, cgroup };
     check(Step::Processes)?;
     let pid = match &plan.start {
-        Start::Cold => cold(host, rec, plan.privileged, &made, check).await?,
+        Start::Cold { .. } => cold(host, rec, plan.privileged, &made, check).await?,
         Start::Restore {
             manifest,
             kept_port,
@@ -219,6 +221,16 @@ pub(crate) async fn boot(
                 ready::desktop_ready(pid).await?;
             }
         }
+    }
+    // Once ready, so that init and the guest have taken their pids, and
+    // before anyone else can start a process in it.
+    if let Start::Cold {
+        last_pid: Some(last),
+    } = plan.start
+    {
+        tokio::task::spawn_blocking(move || drums_sys::set_last_pid_in(pid, last))
+            .await
+            .expect("no panic")?;
     }
     Ok(pid)
 }

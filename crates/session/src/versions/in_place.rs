@@ -157,7 +157,9 @@ impl Manager {
                     manifest: &m,
                     kept_port: keep_port,
                 },
-                Some(_) => Start::Cold,
+                Some(_) => Start::Cold {
+                    last_pid: m.last_pid(),
+                },
             },
             ready: match &cold {
                 None => Ready::Same,
@@ -214,7 +216,7 @@ impl Manager {
         m: &drums_checkpoint::Manifest,
     ) -> Result<Option<Session>, SessionError> {
         let refused = |why: &str| {
-            info!(session = %rec.name, version = ?target.number, "rollback: not in place ({why}): restoring with CRIU");
+            info!(session = %rec.name, version = ?target.number, "rollback: not in place ({why}): restoring it whole");
             Ok(None)
         };
         let Some(process_of) = m.process_of() else {
@@ -383,7 +385,11 @@ impl Manager {
         }
         let target = self.version_of(&rec, to)?;
         let (_, m) = self.manifest(&target.id)?;
-        crate::restore::process_artifact(&m)?;
+        // A light version starts cold, as its processes were: no caller
+        // alive now was in it, as with a CRIU restore.
+        if !m.is_light() {
+            crate::restore::process_artifact(&m)?;
+        }
         Ok(to_api_version(&target))
     }
 

@@ -14,6 +14,9 @@ use futures::future::BoxFuture;
 use tracing::{info, warn};
 
 use super::policy::{pair, Changed};
+
+/// Why a light version took what it took, as `drums versions` shows it.
+const LIGHT: &str = "only drums' own processes run: files alone, and a recovery to it starts the session cold on them";
 use crate::create::random_hex;
 use crate::manager::Manager;
 use crate::{teardown, SessionError};
@@ -159,13 +162,40 @@ impl Manager {
             Some(at) => self.manifest(at).ok().map(|(_, m)| m),
             None => None,
         };
-        let (took, reason) = pair(
+        let (mut took, mut reason) = pair(
             job.wanted,
             job.policy,
             head.as_ref(),
             &job.changed,
             pos.needs_full,
         );
+        // A whole version of a selective session that runs only drums' own
+        // processes is taken light (super::light); checked again frozen,
+        // and once snapshotted.
+        let candidate = took == Took::Full
+            && job.policy == Policy::Selective
+            && rec.profile == drums_api::Profile::Headless
+            && job.name.is_none()
+            && job.leave_running
+            && !pos.exported;
+        let mut own = None;
+        if candidate {
+            let pids = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
+                .pids()
+                .unwrap_or_default();
+            let mine = super::DrumsOwn::new(&self.host.bin_dir, pid, 0);
+            if mine.why_not(&pids).is_none() {
+                match super::last_pid(pid).await {
+                    Ok(last_pid) => own = Some(super::DrumsOwn { last_pid, ..mine }),
+                    Err(why) => tracing::debug!(session = %rec.name, "not light: {why}"),
+                }
+            }
+        }
+        let light = own.is_some();
+        if light {
+            took = Took::Files;
+            reason = Some(LIGHT.into());
+        }
         let open = if took == Took::Files {
             0
         } else {
@@ -202,6 +232,7 @@ impl Manager {
         let owner = format!("ckpt:{id}");
         let plan = crate::checkpoint::Plan {
             took,
+            light: own,
             clean: job.clean,
             leave_running: job.leave_running,
             head: head.clone(),
@@ -218,6 +249,7 @@ impl Manager {
                 held: Vec::new(),
                 files: None,
                 process: None,
+                last_pid: None,
             },
         };
         match self.make_version(&rec, pid, &ver, &owner, plan).await {
@@ -234,7 +266,7 @@ impl Manager {
                     p.at = Some(id.clone());
                     p.needs_full = false;
                 });
-                info!(session = %rec.name, version = info.number, took = took.as_str(), "version done");
+                info!(session = %rec.name, version = info.number, took = info.took.as_str(), "version done");
                 // Off the job: its waiter (an agent's held LLM answer) need
                 // not wait for old versions' subvolumes to be deleted.
                 let (me, sid, name) = (Arc::clone(self), rec.id.clone(), rec.name.clone());

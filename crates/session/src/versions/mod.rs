@@ -9,6 +9,7 @@
 mod api;
 mod in_place;
 mod job;
+mod light;
 mod policy;
 mod retention;
 mod turn;
@@ -17,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 pub(crate) use job::{outcome, JobClass, VersionJob};
+pub(crate) use light::{last_pid, DrumsOwn};
 pub(crate) use policy::held_paths;
 pub use policy::{pair, wanted, Changed};
 
@@ -38,6 +40,9 @@ pub(crate) struct Position {
     /// ([`Manager::take_restored`]): its agent, if one lives in it, is back
     /// at the request that version was taken in.
     pub restored: bool,
+    /// Its versions are copied to another host, as archives (a replication
+    /// gate is on): none is taken light, since an archive carries processes.
+    pub exported: bool,
 }
 
 /// The versions subsystem's own state: the engine that takes every version

@@ -176,6 +176,7 @@ mod tests {
             held: held.iter().map(|s| s.to_string()).collect(),
             files: None,
             process: None,
+            last_pid: None,
         });
         m
     }

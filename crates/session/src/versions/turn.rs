@@ -15,6 +15,13 @@ use crate::manager::Manager;
 use crate::SessionError;
 
 impl Manager {
+    /// Session `id`'s versions are copied to another host as archives
+    /// (`on`), or no longer: while they are, each is taken whole, never
+    /// light (super::light), since an archive carries processes.
+    pub fn versions_exported(&self, id: &str, on: bool) {
+        self.versions.set_position(id, |p| p.exported = on);
+    }
+
     /// Session `id` changed outside every turn the inspector watched (the
     /// commands an agent outside had run since the version it was
     /// recovered to, run again): its next version is full, since no turn's
