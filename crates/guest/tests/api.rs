@@ -235,6 +235,9 @@ async fn health() {
     assert_eq!(body["status"], "ok");
     assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(body["pid"], std::process::id());
+    // This test's pid namespace (the host's): a pid it handed out already.
+    let last = body["last_pid"].as_u64().expect("last_pid is reported");
+    assert!(last > 0, "{body}");
     let hostname = nix::unistd::gethostname().unwrap();
     assert_eq!(body["hostname"], hostname.to_str().unwrap());
 }
