@@ -10,6 +10,14 @@ use common::{assert_schema, TestDaemon};
 use drums_api::{CreateSession, EndTurn, Policy, SessionVersion, SessionVersions, TurnEffects};
 use hyper::Method;
 
+/// The tests of this file run one at a time. Each asserts the exact class
+/// the inspector gives a turn, and on a loaded host a process woken by a
+/// freeze or a CRIU resume may take longer than a wake costs, which the
+/// inspector counts as work: a false alarm (a full version), never a missed
+/// change, but another class than the test expects. Two of these tests at
+/// once on two cores made that happen in about one run in three.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A server that keeps a counter in memory only: `inc` adds one, anything
 /// else reads it. Started with no open file of the session's.
 const SERVER: &str = "cd / && nohup python3 -c \"exec('import socket\\ns=socket.socket()\\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\\ns.bind((\\'127.0.0.1\\',7000))\\ns.listen()\\nn=0\\nwhile True:\\n c,_=s.accept()\\n m=c.recv(16)\\n n+=m==b\\'inc\\'\\n c.sendall(str(n).encode())\\n c.close()')\" >/dev/null 2>&1 & sleep 0.5";
@@ -91,6 +99,7 @@ fn rollback(d: &TestDaemon, s: &str, to: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn selective_versions_pair_as_specified_and_rollback_restores_each_exactly() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {
@@ -272,6 +281,7 @@ fn ask_script(what: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_changes_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {
@@ -379,6 +389,7 @@ fn catalog_state(d: &TestDaemon, id: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_brings_the_newest_back(
 ) {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let subnet = d.subnet();
     let s = d
@@ -593,6 +604,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
 /// failed or unknown version is refused and makes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_at_a_version_branches_from_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {
@@ -653,6 +665,7 @@ async fn fork_at_a_version_branches_from_it() {
 /// on its own between turns is still seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {
@@ -664,14 +677,34 @@ async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes()
     let start = format!("{SERVER}; (cd / && nohup sleep 100000 >/dev/null 2>&1 &)");
     let v1 = took(&turn(&d, "frz", &start, Policy::Selective).await);
     assert_eq!(v1.took, "full", "{v1:#?}");
+    let mut process_of = v1.id.clone();
     for k in 2..=5 {
-        let e = turn(
-            &d,
-            "frz",
-            &format!("echo {k} > /root/f{k}"),
-            Policy::Selective,
-        )
-        .await;
+        let mut attempt = 0;
+        let e = loop {
+            attempt += 1;
+            let e = turn(
+                &d,
+                "frz",
+                &format!("echo {k} > /root/f{k}"),
+                Policy::Selective,
+            )
+            .await;
+            if e.class == drums_api::TurnClass::Files || attempt == 3 {
+                break e;
+            }
+            // A loaded host (a concurrent test's cold starts) may give the
+            // sleeper, woken by the last version's freeze, more run time
+            // than a wake costs (RESUME_RUNTIME_NS) or no CPU within the
+            // settling wait: it counts as having run. That is a false alarm
+            // (a full version), never a missed change, and only it is
+            // tried again, 3 times at most.
+            assert!(
+                !e.dirtied.is_empty()
+                    && e.dirtied.iter().all(|p| p.comm == "sleep" && p.faults == 0),
+                "turn {k} after a files-only version: {e:#?}"
+            );
+            process_of = took(&e).id;
+        };
         assert_eq!(
             e.class,
             drums_api::TurnClass::Files,
@@ -679,7 +712,7 @@ async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes()
         );
         let v = took(&e);
         assert_eq!(v.took, "files", "{v:#?}");
-        assert_eq!(v.process_of.as_deref(), Some(v1.id.as_str()), "{v:#?}");
+        assert_eq!(v.process_of.as_deref(), Some(process_of.as_str()), "{v:#?}");
     }
     // The server still answers, from the memory it had.
     assert_eq!(ask(&d, "frz", "get").trim(), "0");
@@ -747,6 +780,7 @@ fn rolled_back_in_place(d: &TestDaemon) -> usize {
 /// half-way through putting files back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_whose_processes_did_nothing_puts_files_back_in_place_else_restores_with_criu() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {
@@ -967,6 +1001,7 @@ async fn named(d: &TestDaemon, name: &str) -> drums_api::Session {
 /// and once its files are snapshotted (faults).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_running_only_drums_own_processes_takes_light_versions_else_whole_ones() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mock = Mock::start();
     let openai = format!("openai={}", mock.url());
     let mut d = TestDaemon::start_with(&["--llm-upstream", &openai]);
@@ -1115,6 +1150,7 @@ async fn a_session_running_only_drums_own_processes_takes_light_versions_else_wh
 /// shows the version's files. A mount there it cannot plant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_in_place_follows_no_symlink_or_mount_the_session_planted() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut d = TestDaemon::start();
     let s = d
         .create(&CreateSession {

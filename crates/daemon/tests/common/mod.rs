@@ -111,9 +111,13 @@ impl TestDaemon {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            // Below the kernel's ephemeral range (32768 and up by default):
+            // a port in it may be any connection's source port when drumsd
+            // binds it (it was: "Address already in use", and the test's
+            // own retried connect then reached itself, a TCP self-connect).
             proxy_local: std::net::SocketAddr::from((
                 [127, 0, 0, 1],
-                20000 + (std::process::id() % 2000) as u16 * 16 + (k % 16) as u16,
+                10000 + (std::process::id() % 1400) as u16 * 16 + (k % 16) as u16,
             )),
         };
         let subnet = format!("10.214.{}.0/24", tag % 250);
