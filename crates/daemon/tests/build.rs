@@ -334,18 +334,7 @@ fn import_with_a_name_and_tag_as_podman_does() {
     // answer (not a broken pipe) must reach the client.
     let big = {
         let layout = dir.path().join("big");
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let noise: Vec<u8> = (0..24 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        let layer = Layer::builder()
-            .file("noise", &noise, 0o644, 0, 0)
-            .build(false);
+        let layer = oci::noise_layer("noise", 24, 7);
         oci::write_layout(&layout, &ImageSpec::new(vec![busybox_layer(), layer]), "v1");
         let file = dir.path().join("big.tar");
         oci::to_oci_archive(&layout, "v1", &file);

@@ -458,21 +458,6 @@ fn zeros_layer(name: &str, mib: usize) -> Layer {
         .build(true)
 }
 
-/// A layer of `mib` MiB that does not compress.
-fn noise_layer(name: &str, mib: usize, seed: u64) -> Layer {
-    // xorshift: enough to defeat gzip, no dependency.
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..mib << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    Layer::builder().file(name, &data, 0o644, 0, 0).build(true)
-}
-
 /// Pulls and imports are charged against the store's room (its free space
 /// less drumsd's reserve), all of what they write: an import whose layers
 /// unpack past it (from a few KB of archive), and a pull whose blobs sum
@@ -529,7 +514,10 @@ fn an_image_past_the_stores_room_is_refused_and_keeps_nothing() {
     // A pull of 2 x 60 MiB of blobs that do not compress: refused before
     // a byte of a blob is fetched.
     let reg = Registry::start().expect("start the test registry");
-    let pull = ImageSpec::new(vec![noise_layer("a", 60, 7), noise_layer("b", 60, 11)]);
+    let pull = ImageSpec::new(vec![
+        oci::noise_layer("a", 60, 7),
+        oci::noise_layer("b", 60, 11),
+    ]);
     let layout = work.path().join("blobs-past");
     oci::write_layout(&layout, &pull, "v1");
     reg.push_layout(&layout, "hostile/big:v1")

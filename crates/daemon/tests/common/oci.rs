@@ -586,3 +586,18 @@ pub fn user_workdir_image() -> ImageSpec {
     image.cmd = vec!["sleep".into(), "infinity".into()];
     image
 }
+
+/// A layer of `mib` MiB that does not compress.
+pub fn noise_layer(name: &str, mib: usize, seed: u64) -> Layer {
+    // xorshift: enough to defeat gzip, no dependency.
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..mib << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    Layer::builder().file(name, &data, 0o644, 0, 0).build(true)
+}
