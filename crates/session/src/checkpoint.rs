@@ -59,7 +59,8 @@ pub(crate) struct Plan {
 /// What [`Manager::take`] did.
 enum Taken {
     Made(Box<Manifest>),
-    /// The light version was refused, once the session was frozen: why.
+    /// The light version was refused, once the session was frozen or once
+    /// its files were snapshotted: why.
     NotLight(String),
 }
 
