@@ -541,12 +541,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
     let o = d.drums(&["recover", "life"]);
     assert_eq!(o.status.code(), Some(4), "a live session is not recovered");
     let init = s.init_pid.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(init),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    assert!(common::gone(|| !drums_session::process::alive(init)));
+    kill_init(init);
     let o = d.drums(&["rollback", "life"]);
     assert_eq!(
         o.status.code(),
@@ -580,12 +575,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
     // They die while no daemon runs: the next one recovers the session.
     d.kill9();
     let init = now.init_pid.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(init),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    assert!(common::gone(|| !drums_session::process::alive(init)));
+    kill_init(init);
     d.restart(&subnet);
     assert!(
         d.log()
@@ -742,6 +732,16 @@ async fn a_files_only_versions_own_freeze_is_no_work_of_the_sessions_processes()
     }
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
+}
+
+/// SIGKILL a session's init, and wait until it is gone.
+fn kill_init(init: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(common::gone(|| !drums_session::process::alive(init)));
 }
 
 async fn init_pid(d: &TestDaemon, s: &str) -> i32 {
@@ -1094,12 +1094,7 @@ async fn a_session_running_only_drums_own_processes_takes_light_versions_else_wh
     assert!(light(&newest(versions(&d, "recovered").await)));
     let next = pid_now(&d, "recovered");
     let init = init_pid(&d, "recovered").await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(init),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    assert!(common::gone(|| !drums_session::process::alive(init)));
+    kill_init(init);
     let o = d.drums(&["recover", "recovered"]);
     assert!(
         o.status.success(),
