@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import drums
 import drums.ray
@@ -259,11 +260,16 @@ def test_bytes_that_stop_coming_or_differ_leave_nothing(cluster: RayCluster) -> 
             def put(self) -> list[ray.ObjectRef[bytes]]:
                 return [ray.put(b"\0" * 1024)]
 
-        owner = Owner.remote()  # type: ignore[attr-defined]
+        # On node a, never on b: a reader on the node that holds an object
+        # reads it from the local store without asking its owner, so a dead
+        # owner's object stays readable there (CI read one, twice). From b it
+        # can only come through the owner, which is gone.
+        owner = Owner.options(  # type: ignore[attr-defined]
+            scheduling_strategy=NodeAffinitySchedulingStrategy(a.node_id, soft=False)
+        ).remote()
         (lost,) = ray.get(owner.put.remote())
         ray.kill(owner)
-        # ray.kill returns before the actor is gone: until it is, its
-        # objects can still be read (CI read one).
+        # ray.kill returns before the actor is gone: wait until it is.
         for _ in range(200):
             try:
                 ray.get(owner.put.remote(), timeout=5)
