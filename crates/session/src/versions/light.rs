@@ -87,16 +87,35 @@ struct Pids {
 /// The last pid the session's pid namespace handed out, as its guest agent
 /// reads it (only a process inside can); else why it is not known.
 ///
-/// Code in the session could make the guest lie; but the lie only gives the
-/// session's next process, after a recovery to this version, another pid,
-/// in the session's own new namespace, and drumsd nothing.
+/// Code in the session could make the guest lie. A lie within range only
+/// gives the session's next process, after a recovery to this version,
+/// another pid in the session's own new namespace, and drumsd nothing. A
+/// lie out of range would make every later rollback to the version fail at
+/// the write-back, so it is refused here and the version is taken whole.
 pub(crate) async fn last_pid(init: i32) -> Result<u32, String> {
     let p: Pids = crate::manager::guest_client(init)
         .json(hyper::Method::GET, "/v1/health", None::<&()>)
         .await
         .map_err(|e| format!("the guest's health check failed: {e}"))?;
-    p.last_pid
-        .ok_or_else(|| "the guest does not report the session's last pid".into())
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or("the host's kernel.pid_max is not readable")?;
+    in_range(p.last_pid, pid_max)
+}
+
+/// `reported` if the session's namespace could have handed it out: a
+/// session's namespace has the pid_max of the host's, which it cannot
+/// change (its /proc/sys is read-only), and its init and guest took pids 1
+/// and 2 before anything else ran.
+fn in_range(reported: Option<u32>, pid_max: u32) -> Result<u32, String> {
+    match reported {
+        None => Err("the guest does not report the session's last pid".into()),
+        Some(last) if (2..pid_max).contains(&last) => Ok(last),
+        Some(last) => Err(format!(
+            "the guest reported {last} as the session's last pid, outside 2..{pid_max}"
+        )),
+    }
 }
 
 /// Whether process `pid` runs the file `bin` (the same inode).
@@ -121,6 +140,23 @@ fn parent(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest's reply is hostile input: a last pid no namespace could
+    /// have handed out is refused (the version is then taken whole), so a
+    /// rollback never fails writing it back.
+    #[test]
+    fn a_last_pid_out_of_range_is_refused() {
+        assert_eq!(in_range(Some(13), 4_194_304), Ok(13));
+        assert_eq!(in_range(Some(2), 32_768), Ok(2));
+        assert_eq!(in_range(Some(32_767), 32_768), Ok(32_767));
+        for bad in [0, 1, 32_768, u32::MAX] {
+            let why = in_range(Some(bad), 32_768).unwrap_err();
+            assert!(why.contains(&format!("reported {bad} ")), "{why}");
+        }
+        assert!(in_range(None, 32_768)
+            .unwrap_err()
+            .contains("does not report"));
+    }
 
     /// This test's own process stands for an init, with its own executable
     /// as drums-init; a child running `sleep` is not drums' own.
