@@ -754,7 +754,12 @@ pub struct TurnCheckpoint {
 /// One artifact's cost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactCost {
+    /// Bytes the artifact wrote.
     pub bytes: u64,
+    /// Bytes it holds without writing them: process images' pages that an
+    /// earlier version's images hold too, shared on disk.
+    #[serde(default)]
+    pub shared_bytes: u64,
     pub frozen_ms: f64,
     pub total_ms: f64,
 }
@@ -896,6 +901,10 @@ pub struct CoordinatedTurn {
     pub version: Option<String>,
     /// Bytes the version wrote (files and process images).
     pub version_bytes: Option<u64>,
+    /// Bytes its process images hold without writing them: pages shared
+    /// with an earlier version's (absent in records older than the field).
+    #[serde(default)]
+    pub version_shared_bytes: Option<u64>,
     /// From the request's arrival to the upstream's last byte, in ms.
     pub upstream_ms: f64,
     /// How long the end of the answer was held for the version (the delay

@@ -3,7 +3,9 @@
 //! ever sees it (another kernel or CPU, a truncated or corrupted image).
 //!
 //! A checkpoint is two artifacts taken while the session's tree was frozen:
-//! - the process images CRIU wrote, in `STATE/checkpoints/ID/images/`;
+//! - the process images CRIU wrote, in `STORE/checkpoint-images/ID/images/`
+//!   (`STATE/checkpoints/ID/images/` before format 6), their pages shared
+//!   with the parent version's where equal ([`share`]);
 //! - a read-only btrfs snapshot of the session's subvolume (its overlay upper
 //!   layer), at `STORE/checkpoints/ID`.
 //!
@@ -34,10 +36,15 @@ use sha2::{Digest, Sha256};
 ///
 /// 5: a light version's `last_pid` (the version's `last_pid`); an older
 /// manifest reads as one without (none of them was light).
-pub const FORMAT_VERSION: u32 = 5;
+///
+/// 6: an artifact's `shared_bytes` (its process images' pages shared with
+/// the parent version's, [`share`]); an older manifest reads as one that
+/// shared none.
+pub const FORMAT_VERSION: u32 = 6;
 
 pub mod archive;
 pub mod keys;
+pub mod share;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -64,6 +71,8 @@ pub enum CheckpointError {
     },
     #[error("checkpoint image {file} is damaged: {detail}")]
     Damaged { file: String, detail: String },
+    #[error("writing the images stopped: {0}")]
+    Interrupted(String),
 }
 
 pub type Result<T> = std::result::Result<T, CheckpointError>;
@@ -254,9 +263,15 @@ impl Took {
 // A change here needs a FORMAT_VERSION bump.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactCost {
-    /// Bytes written: the images' size, or the data the snapshot holds that
-    /// the previous files artifact did not (btrfs' exclusive bytes).
+    /// Bytes written: the images' bytes not shared with the parent
+    /// version's (`shared_bytes`), or the data the snapshot holds that the
+    /// previous files artifact did not (btrfs' exclusive bytes).
     pub bytes: u64,
+    /// A process artifact's pages that the parent version's images hold
+    /// too, shared on disk rather than written (crate::share); 0 before
+    /// format 6.
+    #[serde(default)]
+    pub shared_bytes: u64,
     /// Time the session's processes were frozen for.
     pub frozen_ms: f64,
     /// Time from start to durable.
@@ -450,7 +465,17 @@ pub fn verify(images_dir: &Path, images: &[ImageFile]) -> Result<()> {
     Ok(())
 }
 
-fn hash(mut f: &File, p: &Path) -> Result<String> {
+fn hash(f: &File, p: &Path) -> Result<String> {
+    hash_through(f, p, |_| Ok(()))
+}
+
+/// The SHA-256 of file `f` (at `p`), in hex; each block read is also handed
+/// to `sink` (a copy's writer).
+pub(crate) fn hash_through(
+    mut f: &File,
+    p: &Path,
+    mut sink: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -459,8 +484,13 @@ fn hash(mut f: &File, p: &Path) -> Result<String> {
             break;
         }
         h.update(&buf[..n]);
+        sink(&buf[..n])?;
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
+}
+
+pub(crate) fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn fsync_dir(dir: &Path) -> Result<()> {

@@ -804,6 +804,7 @@ impl<S: Sessions> Coordinator<S> {
                 job: None,
                 version: None,
                 version_bytes: None,
+                version_shared_bytes: None,
                 upstream_ms: 0.0,
                 held_ms: 0.0,
                 release_ms: 0.0,
@@ -1088,12 +1089,17 @@ impl<S: Sessions> Coordinator<S> {
             self.write_exchange(&mut p, x);
         }
         if let Some(v) = &p.record.version {
-            p.record.version_bytes = self
+            let costs = self
                 .manager
                 .session_versions(&p.session.id)
                 .ok()
                 .and_then(|all| all.into_iter().find(|x| &x.id == v))
-                .map(|x| x.files.map_or(0, |c| c.bytes) + x.process.map_or(0, |c| c.bytes));
+                .map(|x| [x.files, x.process]);
+            let sum = |of: fn(&drums_api::ArtifactCost) -> u64| {
+                costs.map(|cs| cs.iter().flatten().map(of).sum::<u64>())
+            };
+            p.record.version_bytes = sum(|c| c.bytes);
+            p.record.version_shared_bytes = sum(|c| c.shared_bytes);
         }
         let line = serde_json::to_string(&p.record).expect("API types serialize");
         if let Err(e) =

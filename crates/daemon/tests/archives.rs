@@ -58,16 +58,14 @@ fn assert_nothing_kept(d: &TestDaemon, what: &str, canary: &Path) {
             Err(_) => vec![],
         }
     };
-    assert_eq!(
-        list(state.join("checkpoints")),
-        Vec::<String>::new(),
-        "{what}: state checkpoints"
-    );
-    assert_eq!(
-        list(state.join("store/checkpoints")),
-        Vec::<String>::new(),
-        "{what}: staging or snapshot left in the store"
-    );
+    for place in d.checkpoint_places() {
+        assert_eq!(
+            list(place.clone()),
+            Vec::<String>::new(),
+            "{what}: left in {}",
+            place.display()
+        );
+    }
     assert!(
         d.store_subvolumes().is_empty(),
         "{what}: {:?}",

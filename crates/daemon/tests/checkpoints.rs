@@ -231,12 +231,7 @@ fn failure_at_every_restore_step_leaves_nothing() {
         d.rm(&r.sessions[0].id).await.unwrap();
 
         // A truncated image is refused before CRIU runs, and changes nothing.
-        let images = d
-            .state
-            .path()
-            .join("checkpoints")
-            .join(&ck.id)
-            .join("images");
+        let images = d.checkpoint_dir(&ck.id).join("images");
         let pages = std::fs::read_dir(&images)
             .unwrap()
             .flatten()
@@ -317,14 +312,7 @@ fn export_import_round_trips_and_refuses_another_host() {
         (imported.as_str(), ck.name.as_str())
     );
     let m: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(
-            d.state
-                .path()
-                .join("checkpoints")
-                .join(&imported)
-                .join("manifest.json"),
-        )
-        .unwrap(),
+        &std::fs::read(d.checkpoint_dir(&imported).join("manifest.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(m["origin"], ck.id.as_str());
@@ -451,10 +439,7 @@ fn failure_at_every_checkpoint_step_leaves_nothing() {
                 l.checkpoints.is_empty(),
                 "{point}: a checkpoint was published"
             );
-            for dir in [
-                d.state.path().join("checkpoints"),
-                d.state.path().join("store/checkpoints"),
-            ] {
+            for dir in d.checkpoint_places() {
                 let left: Vec<_> = std::fs::read_dir(&dir)
                     .unwrap()
                     .flatten()
@@ -712,13 +697,13 @@ fn a_checkpoint_remove_during_a_restore_waits_for_it() {
             .await
             .unwrap();
         assert!(l.checkpoints.is_empty(), "checkpoints left: {l:?}");
-        for dir in ["checkpoints", "store/checkpoints"] {
-            let left: Vec<_> = std::fs::read_dir(d.state.path().join(dir))
+        for dir in d.checkpoint_places() {
+            let left: Vec<_> = std::fs::read_dir(&dir)
                 .unwrap()
                 .flatten()
                 .map(|e| e.path())
                 .collect();
-            assert!(left.is_empty(), "{dir}: left {left:?}");
+            assert!(left.is_empty(), "{}: left {left:?}", dir.display());
         }
         d.rm(&s.id).await.unwrap();
         d.assert_no_session_left("after the races").await;

@@ -167,7 +167,7 @@ fn drumsd_environment_never_reaches_a_session_its_checkpoints_or_siblings() {
         assert!(!all.contains("SECRET_TOKEN_FOR_TEST"), "{all}");
 
         let ck = d.checkpoint(&s.id, false, true).await;
-        let ck_dir = d.state.path().join("checkpoints").join(&ck.id);
+        let ck_dir = d.checkpoint_dir(&ck.id);
         assert!(ck_dir.join("images").is_dir(), "{}", ck_dir.display());
         let hits = holds(&ck_dir, SECRET.as_bytes());
         assert!(hits.is_empty(), "the checkpoint holds the secret: {hits:?}");

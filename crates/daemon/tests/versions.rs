@@ -492,7 +492,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
             "{point}: the unpublished row went"
         );
         assert!(
-            !d.state.path().join("checkpoints").join(&held.id).exists(),
+            !d.checkpoint_dir(&held.id).exists(),
             "{point}: its directory went"
         );
         assert!(
@@ -1206,5 +1206,107 @@ async fn a_rollback_in_place_follows_no_symlink_or_mount_the_session_planted() {
     assert_ne!(code, 0, "the session mounted over /root/w: {err}");
     untouched("after the mount attempt");
     d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}
+
+/// What btrfs itself says of a directory's bytes: (total, exclusive), from
+/// `btrfs filesystem du`, not from drumsd's own count.
+fn btrfs_du(dir: &std::path::Path) -> (u64, u64) {
+    let o = std::process::Command::new("btrfs")
+        .args(["filesystem", "du", "-s", "--raw"])
+        .arg(dir)
+        .output()
+        .expect("btrfs-progs is installed");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "btrfs du {}: {out}", dir.display());
+    let f: Vec<u64> = out
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (f[0], f[1])
+}
+
+/// A process version's images share, on disk, every page its parent
+/// version's images hold (drums_checkpoint::share): it writes only the new
+/// ones, and btrfs agrees. Each version still restores exactly (the server's
+/// in-memory count, after a recovery, rollbacks and a fork), whether its
+/// pages were shared or, with each shortcut refused (`checkpoint.staging`:
+/// the dump goes to the store; `checkpoint.share`: no parent), written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_versions_share_their_parents_pages_and_restore_exactly() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut d = TestDaemon::start();
+    let s = named(&d, "pages").await;
+    // Full versions: each turn's end dumps, whatever the inspector says.
+    let v1 = took(&turn(&d, "pages", SERVER, Policy::Full).await);
+    let v1p = v1.process.expect("a full version dumps");
+    assert_eq!(v1p.shared_bytes, 0, "the first version has no parent");
+    let mut counts = vec![(v1.clone(), 0)];
+    for (n, fault) in [
+        (1, None),
+        (2, None),
+        (3, Some("checkpoint.staging")),
+        (4, Some("checkpoint.share")),
+        (5, None),
+    ] {
+        d.arm(fault).await;
+        let v = took(&turn(&d, "pages", &ask_script("inc"), Policy::Full).await);
+        d.arm(None).await;
+        let p = v.process.expect("a full version dumps");
+        let (total, exclusive) = btrfs_du(&d.checkpoint_dir(&v.id).join("images"));
+        match fault {
+            Some(point) => {
+                assert_eq!(p.shared_bytes, 0, "{point}: {p:?}");
+                assert!(
+                    exclusive * 10 > total * 9,
+                    "{point}: {exclusive} of {total}"
+                );
+            }
+            // Most of the server's pages did not change in a turn.
+            None => {
+                assert!(p.shared_bytes > 4 * p.bytes, "version {}: {p:?}", v.number);
+                assert!(
+                    exclusive * 2 < total,
+                    "{}: {exclusive} of {total}",
+                    v.number
+                );
+            }
+        }
+        counts.push((v, n));
+    }
+    assert_eq!(ask(&d, "pages", "read"), "5");
+
+    // A recovery brings the newest back, shared pages and all.
+    kill_init(init_pid(&d, "pages").await);
+    let o = d.drums(&["recover", "pages"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(ask(&d, "pages", "read"), "5");
+    // Every version restores its own count, shared or written.
+    for (v, n) in counts.iter().rev() {
+        rollback(&d, "pages", &v.number.to_string());
+        assert_eq!(
+            ask(&d, "pages", "read"),
+            n.to_string(),
+            "version {}",
+            v.number
+        );
+    }
+    // A sibling of a version whose pages are shared.
+    let (v2, _) = &counts[2];
+    let o = d.drums(&["fork", "pages", "--at", &v2.number.to_string(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: drums_api::RestoreResult = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(ask(&d, &r.sessions[0].id, "read"), "2");
+    d.rm(&r.sessions[0].id).await.unwrap();
+    d.rm(&s.id).await.unwrap();
+    let staged: Vec<_> = std::fs::read_dir(d.state.path().join("dump-staging"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(staged.is_empty(), "dumps left staged: {staged:?}");
     d.stop_and_check_leaks();
 }

@@ -300,6 +300,7 @@ impl Manager {
         std::fs::create_dir_all(snap.parent().expect("has parent")).map_err(io("create", &snap))?;
         let mut info = plan.info.clone();
         info.took = plan.took;
+        let mut committed = None;
         let (report, files_cost) = match plan.took {
             Took::Files => {
                 // Recorded before it is made, like every subvolume.
@@ -356,16 +357,30 @@ impl Manager {
                         &snap.display().to_string(),
                     )?;
                 }
-                let (report, held) = self
+                // CRIU dumps into the staging tmpfs, then the images go to
+                // the store sharing the pages the parent version's hold; or,
+                // when the dump may not fit there, straight into the store
+                // with every page written.
+                let staging = self.host.staging.reserve(
+                    &self.host.faults,
+                    &ver.id,
+                    drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
+                        .memory_usage(),
+                )?;
+                let dumped = self
                     .dump(
                         rec,
                         pid,
                         &ver.id,
-                        &images,
+                        staging.as_ref().map_or(&images, |s| s.dir()),
                         full.then_some(&snap),
                         plan.leave_running,
                     )
-                    .await?;
+                    .await;
+                let (report, held) = dumped?;
+                if let Some(staged) = staging {
+                    committed = Some(self.commit(staged, &images, plan.head.as_ref()).await?);
+                }
                 info.held = held;
                 (Some(report), None)
             }
@@ -377,6 +392,10 @@ impl Manager {
         self.engine_faults()?;
         let head = plan.head.as_ref();
         let (images_list, frozen_ms, dump_ms) = match &report {
+            Some(r) if committed.is_some() => {
+                let c: &drums_checkpoint::share::Committed = committed.as_ref().expect("some");
+                (c.images.clone(), r.frozen_ms, r.dump_ms)
+            }
             Some(r) => {
                 let images_dir = images.clone();
                 let files =
@@ -423,14 +442,19 @@ impl Manager {
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
         let images_bytes: u64 = images_list.iter().map(|i| i.size).sum();
         if let Some(r) = &report {
+            let (written, shared) = committed
+                .as_ref()
+                .map_or((images_bytes, 0), |c| (c.written, c.shared));
             info.process = Some(ArtifactCost {
-                bytes: images_bytes,
+                bytes: written,
+                shared_bytes: shared,
                 frozen_ms: r.frozen_ms,
                 total_ms,
             });
             if plan.took == Took::Full {
                 info.files = Some(ArtifactCost {
                     bytes: self.files_bytes(&snap, head),
+                    shared_bytes: 0,
                     frozen_ms: r.frozen_ms,
                     total_ms,
                 });
@@ -542,12 +566,53 @@ impl Manager {
             }
             Ok::<_, SessionError>(Ok(ArtifactCost {
                 bytes: 0,
+                shared_bytes: 0,
                 frozen_ms,
                 total_ms: t0.elapsed().as_secs_f64() * 1e3,
             }))
         })
         .await
         .expect("snapshot task does not panic")
+    }
+
+    /// Copy a dump's images from the staging tmpfs to `images` in the store,
+    /// sharing the pages the head's process images hold
+    /// (drums_checkpoint::share), then drop the staged dump. The fault
+    /// `checkpoint.share` leaves the head out (every page written);
+    /// `checkpoint.commit` stops the copy after its first image.
+    async fn commit(
+        &self,
+        staged: crate::staging::Staged,
+        images: &std::path::Path,
+        head: Option<&Manifest>,
+    ) -> Result<drums_checkpoint::share::Committed, SessionError> {
+        let parent = match self.host.faults.check("checkpoint.share") {
+            Err(_) => None,
+            Ok(()) => head
+                .and_then(|h| h.process_of())
+                .map(|id| self.host.checkpoint_dir(id).join("images")),
+        };
+        let stop = self.host.faults.check("checkpoint.commit").err();
+        let dest = images.to_owned();
+        let c = tokio::task::spawn_blocking(move || {
+            drums_checkpoint::share::commit_images(staged.dir(), &dest, parent.as_deref(), |name| {
+                match &stop {
+                    Some(e) => Err(drums_checkpoint::share::interrupted(format!(
+                        "after {name}: {e}"
+                    ))),
+                    None => Ok(()),
+                }
+            })
+        })
+        .await
+        .expect("commit task does not panic")?;
+        if let Some(why) = &c.unshared {
+            warn!(
+                "version images in {}: nothing shared: {why}",
+                images.display()
+            );
+        }
+        Ok(c)
     }
 
     /// A CRIU dump of the session into `images`; with `snap`, the files

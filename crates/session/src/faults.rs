@@ -22,13 +22,21 @@ pub const CREATE_POINTS: &[&str] = &[
     "create.ready",
 ];
 
-/// Every point a checkpoint can be failed at.
+/// Every point a checkpoint can be failed at: `checkpoint.commit` after the
+/// first of its images is copied from the staging tmpfs to the store.
 pub const CHECKPOINT_POINTS: &[&str] = &[
     "checkpoint.dir",
     "checkpoint.criu",
     "checkpoint.snapshot",
+    "checkpoint.commit",
     "version.manifest",
 ];
+
+/// Points where a dump's shortcuts (drums_checkpoint::share) can be refused,
+/// the dump then taken the slow way: `checkpoint.staging`, as if the staging
+/// tmpfs had no room (CRIU dumps into the store); `checkpoint.share`, as if
+/// the parent version's images could not be read (every page is written).
+pub const SHARE_POINTS: &[&str] = &["checkpoint.staging", "checkpoint.share"];
 
 /// Every point a restore can be failed at, per sibling.
 pub const RESTORE_POINTS: &[&str] = &[
@@ -116,6 +124,7 @@ impl Faults {
                 .chain(IMAGE_POINTS)
                 .chain(ROLLBACK_POINTS)
                 .chain(LIGHT_POINTS)
+                .chain(SHARE_POINTS)
                 .copied()
                 .collect();
             if !all.contains(&p.as_str()) {

@@ -97,6 +97,8 @@ pub struct Host {
     /// egress `nat` and put back at shutdown.
     pub(crate) ip_forward: drums_net::IpForward,
     pub(crate) faults: Faults,
+    /// Where CRIU dumps before the images go to the store.
+    pub(crate) staging: crate::staging::Staging,
     pub(crate) bin_dir: PathBuf,
     pub(crate) criu: drums_criu::Criu,
     /// This host as a checkpoint records it, and as a restore checks it.
@@ -146,20 +148,31 @@ impl Host {
         let net = Net::new().await?;
         // A tmpfs of our own as CRIU's /run, so it can cache its kernel probes
         // (see drums_criu::Criu::with_run_dir); reused if a previous daemon
-        // left it mounted.
+        // left it mounted. Not noexec: swrk maps drums' prlimit shim from it.
         let criu_run = state.join("criu-run");
-        catalog.record(DAEMON, ResourceKind::Mount, &criu_run.display().to_string())?;
-        std::fs::create_dir_all(&criu_run).map_err(io("create", &criu_run))?;
-        let is_tmpfs = nix::sys::statfs::statfs(&criu_run)
-            .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
-            .unwrap_or(false);
-        mount_criu_run(&*sys, &criu_run, is_tmpfs)?;
+        own_tmpfs(&catalog, &*sys, &criu_run, CRIU_RUN)?;
         let criu = drums_criu::Criu::new()?.with_run_dir(&criu_run)?;
         let criu_version = criu.version()?;
-        std::fs::create_dir_all(state.join("checkpoints"))
-            .map_err(io("create", state.join("checkpoints")))?;
-        std::fs::create_dir_all(store_root.join("checkpoints"))
-            .map_err(io("create", store_root.join("checkpoints")))?;
+        // CRIU dumps here, then the images go to the store sharing the
+        // parent version's pages (drums_checkpoint::share): memory, so the
+        // dump writes nothing to disk; at most a quarter of the host's, and
+        // a dump that may not fit goes to the store directly
+        // (crate::staging).
+        let staging = state.join("dump-staging");
+        own_tmpfs(&catalog, &*sys, &staging, DUMP_STAGING)?;
+        // A dump a crashed daemon left half done is nobody's.
+        for e in std::fs::read_dir(&staging).map_err(io("list", &staging))? {
+            let p = e.map_err(io("list", &staging))?.path();
+            std::fs::remove_dir_all(&p).map_err(io("remove", &p))?;
+        }
+        for dir in [
+            state.join("checkpoints"),
+            store_root.join("checkpoints"),
+            store_root.join(CHECKPOINT_DIRS),
+            store_root.join(RESTORE_VIEWS),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+        }
         Ok(Host {
             sys,
             images: ImageStore::new(cfg.images_dir.clone()),
@@ -170,6 +183,7 @@ impl Host {
             net,
             ip_forward: drums_net::IpForward::new(),
             faults: Faults::default(),
+            staging: crate::staging::Staging::new(staging),
             bin_dir,
             fingerprint: drums_checkpoint::HostFingerprint::of_this_host(&criu_version),
             criu,
@@ -206,9 +220,16 @@ impl Host {
         self.store_root.join("sessions").join(id)
     }
 
-    /// A version's directory: its manifest and CRIU images.
+    /// A version's directory: its manifest and CRIU images. In the store,
+    /// so that a version's images share the pages its parent's hold
+    /// (drums_checkpoint::share); one an older drums made is where it put
+    /// it, in the state directory.
     pub(crate) fn checkpoint_dir(&self, id: &str) -> PathBuf {
-        self.cfg.state_dir.join("checkpoints").join(id)
+        let old = self.cfg.state_dir.join("checkpoints").join(id);
+        match old.exists() {
+            true => old,
+            false => self.store_root.join(CHECKPOINT_DIRS).join(id),
+        }
     }
 
     /// A version's files: its snapshot in the store.
@@ -280,13 +301,46 @@ impl Host {
     }
 }
 
-/// Mount CRIU's /run, a tmpfs, at `at`, or remount the one an older daemon
-/// left there (`is_tmpfs`) with today's flags.
-fn mount_criu_run(sys: &dyn Syscall, at: &Path, is_tmpfs: bool) -> Result<(), SessionError> {
-    // Not noexec: swrk maps drums' prlimit shim from it (see
-    // drums_criu::Criu::with_run_dir). Root-only (0700), as it holds
-    // code root runs. A tmpfs left by an older daemon is remounted with
-    // these flags.
+/// Versions' directories (manifest and CRIU images), in the store.
+pub(crate) const CHECKPOINT_DIRS: &str = "checkpoint-images";
+
+/// Siblings' views of a version's images while CRIU restores them
+/// (crate::boot::criu), in the store beside the images they link.
+pub(crate) const RESTORE_VIEWS: &str = "restore-views";
+
+/// A tmpfs of drumsd's own: extra mount flags, and its options.
+type TmpfsSpec = (MsFlags, &'static str);
+
+/// CRIU's /run. Root-only (0700), as it holds code root runs.
+const CRIU_RUN: TmpfsSpec = (MsFlags::empty(), "size=16m,mode=0700");
+
+/// Where CRIU dumps before the images go to the store.
+const DUMP_STAGING: TmpfsSpec = (MsFlags::MS_NOEXEC, "size=25%,mode=0700");
+
+/// Record, make and mount drumsd's tmpfs `at` (recorded first, like every
+/// mount, so a crash cannot leak it).
+fn own_tmpfs(
+    catalog: &Catalog,
+    sys: &dyn Syscall,
+    at: &Path,
+    spec: TmpfsSpec,
+) -> Result<(), SessionError> {
+    catalog.record(DAEMON, ResourceKind::Mount, &at.display().to_string())?;
+    std::fs::create_dir_all(at).map_err(io("create", at))?;
+    let is_tmpfs = nix::sys::statfs::statfs(at)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+        .unwrap_or(false);
+    mount_tmpfs(sys, at, is_tmpfs, spec)
+}
+
+/// Mount a tmpfs at `at`, or remount the one an older daemon left there
+/// (`is_tmpfs`) with today's flags.
+fn mount_tmpfs(
+    sys: &dyn Syscall,
+    at: &Path,
+    is_tmpfs: bool,
+    (flags, data): TmpfsSpec,
+) -> Result<(), SessionError> {
     let remount = if is_tmpfs {
         MsFlags::MS_REMOUNT
     } else {
@@ -296,8 +350,8 @@ fn mount_criu_run(sys: &dyn Syscall, at: &Path, is_tmpfs: bool) -> Result<(), Se
         Some("tmpfs"),
         at,
         Some("tmpfs"),
-        remount | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("size=16m,mode=0700"),
+        remount | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | flags,
+        Some(data),
     )
     .map_err(|e| SessionError::Io {
         op: "mount tmpfs",
@@ -456,7 +510,7 @@ mod tests {
     fn criu_run_is_a_private_tmpfs_and_an_old_one_is_remounted() {
         for (is_tmpfs, extra) in [(false, MsFlags::empty()), (true, MsFlags::MS_REMOUNT)] {
             let sys = RecordingSyscall::new();
-            mount_criu_run(&sys, Path::new("/s/criu-run"), is_tmpfs).unwrap();
+            mount_tmpfs(&sys, Path::new("/s/criu-run"), is_tmpfs, CRIU_RUN).unwrap();
             assert_eq!(
                 sys.calls(),
                 [Call::Mount {
@@ -468,13 +522,20 @@ mod tests {
                 }]
             );
         }
+        // The staging tmpfs runs nothing.
+        let sys = RecordingSyscall::new();
+        mount_tmpfs(&sys, Path::new("/s/dump-staging"), false, DUMP_STAGING).unwrap();
+        assert!(
+            matches!(&sys.calls()[..], [Call::Mount { flags, data: Some(d), .. }]
+            if flags.contains(MsFlags::MS_NOEXEC) && d == "size=25%,mode=0700")
+        );
     }
 
     #[test]
     fn a_failed_criu_run_mount_names_it_and_keeps_the_errno() {
         let sys = RecordingSyscall::new();
         sys.fail("mount", nix::Error::EPERM);
-        let e = mount_criu_run(&sys, Path::new("/s/criu-run"), false).unwrap_err();
+        let e = mount_tmpfs(&sys, Path::new("/s/criu-run"), false, CRIU_RUN).unwrap_err();
         assert_eq!(e.to_string(), "mount tmpfs /s/criu-run");
         let source = std::error::Error::source(&e).unwrap();
         assert!(

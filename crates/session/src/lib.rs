@@ -30,6 +30,7 @@ pub mod pools;
 pub mod process;
 pub mod restore;
 pub mod spec;
+mod staging;
 mod streams;
 pub mod teardown;
 pub mod versions;

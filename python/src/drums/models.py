@@ -231,6 +231,10 @@ class ArtifactCost:
     """What one part of a version cost."""
 
     bytes: int
+    """Bytes it wrote."""
+    shared_bytes: int
+    """Bytes it holds without writing them: process images' pages an earlier
+    version's images hold too, shared on disk."""
     frozen_ms: float
     total_ms: float
 
@@ -305,6 +309,7 @@ class CoordinatedTurn:
     job: str | None
     version: str | None
     version_bytes: int | None
+    version_shared_bytes: int | None
     upstream_ms: float
     held_ms: float
     release_ms: float

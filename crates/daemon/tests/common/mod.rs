@@ -357,6 +357,27 @@ impl TestDaemon {
             .unwrap_or_default()
     }
 
+    /// Checkpoint `id`'s directory (manifest and CRIU images), in the store.
+    pub fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.state.path().join("store/checkpoint-images").join(id)
+    }
+
+    /// Where a checkpoint's files may be, each of which must be empty when
+    /// no checkpoint exists: version directories (the state's are an older
+    /// drums'), snapshots, sibling views of images, staged dumps.
+    pub fn checkpoint_places(&self) -> Vec<PathBuf> {
+        [
+            "checkpoints",
+            "store/checkpoints",
+            "store/checkpoint-images",
+            "store/restore-views",
+            "dump-staging",
+        ]
+        .iter()
+        .map(|p| self.state.path().join(p))
+        .collect()
+    }
+
     pub fn store_subvolumes(&self) -> Vec<String> {
         std::fs::read_dir(self.state.path().join("store/sessions"))
             .map(|rd| {

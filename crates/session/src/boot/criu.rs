@@ -32,11 +32,20 @@ pub(super) async fn restore(
     // forked `ip`, and the sibling's own address and MAC from the start.
     // CRIU creates the veth pair; it is recorded first like every link.
     let veth = super::veth(host, rec, 0, kept_port)?;
-    let images_dir = sibling_images(
-        &host.checkpoint_dir(process_artifact(m)?).join("images"),
-        &made.dir,
-        rec.id_base,
-    )?;
+    let images = host.checkpoint_dir(process_artifact(m)?).join("images");
+    // A sibling's view of the images is made of hard links, which cannot
+    // cross filesystems: beside the images, in the store, for a version's
+    // (recorded, and removed once CRIU is done); in the session's directory
+    // for one an older drums left in the state directory.
+    let in_store = images.starts_with(&host.store_root);
+    let view = match in_store {
+        true => host.store_root.join(crate::host::RESTORE_VIEWS).join(id),
+        false => made.dir.join("images"),
+    };
+    if in_store && rec.id_base.is_some() {
+        record(ResourceKind::Dir, &view.display().to_string())?;
+    }
+    let images_dir = sibling_images(&images, &view, rec.id_base)?;
     let opts = drums_criu::RestoreOpts {
         images_dir: images_dir.clone(),
         work_dir: made.dir.clone(),
@@ -83,6 +92,11 @@ pub(super) async fn restore(
     })
     .await
     .expect("restore task does not panic");
+    if in_store && images_dir == view {
+        if let Err(e) = std::fs::remove_dir_all(&view) {
+            tracing::warn!("remove {}: {e}", view.display());
+        }
+    }
     let noted = root_pid.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some((_, Some(key))) = &noted {
         record(ResourceKind::Process, key)?;
@@ -99,11 +113,12 @@ pub(super) async fn restore(
 }
 
 /// The images a sibling restores from. Without a range, the checkpoint's own
-/// (shared, read-only, by every concurrent restore). With one, a directory of
-/// the sibling's (under its state dir `dir`) that hard-links every image but the
-/// user namespace's, which is rewritten with the sibling's range: CRIU would
-/// otherwise give every sibling the range of the session it was dumped from.
-fn sibling_images(images: &Path, dir: &Path, base: Option<u32>) -> Result<PathBuf, SessionError> {
+/// (shared, read-only, by every concurrent restore). With one, the sibling's
+/// directory `view` (on the images' filesystem) that hard-links every image
+/// but the user namespace's, which is rewritten with the sibling's range:
+/// CRIU would otherwise give every sibling the range of the session it was
+/// dumped from.
+fn sibling_images(images: &Path, view: &Path, base: Option<u32>) -> Result<PathBuf, SessionError> {
     use drums_criu::userns_image;
     let Some(base) = base else {
         return Ok(images.to_owned());
@@ -114,8 +129,7 @@ fn sibling_images(images: &Path, dir: &Path, base: Option<u32>) -> Result<PathBu
             images.display()
         )));
     };
-    let view = dir.join("images");
-    std::fs::create_dir(&view).map_err(io("create", &view))?;
+    std::fs::create_dir(view).map_err(io("create", view))?;
     let list = std::fs::read_dir(images).map_err(io("list", images))?;
     for e in list {
         let name = e.map_err(io("list", images))?.file_name();
@@ -136,5 +150,5 @@ fn sibling_images(images: &Path, dir: &Path, base: Option<u32>) -> Result<PathBu
         ))
     })?;
     userns_image::write(&view.join(&userns), &moved)?;
-    Ok(view)
+    Ok(view.to_owned())
 }

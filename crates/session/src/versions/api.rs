@@ -104,6 +104,7 @@ pub(crate) fn to_api_version(v: &VersionRecord) -> SessionVersion {
     let cost = |c: Option<ArtifactCost>| {
         c.map(|c| drums_api::ArtifactCost {
             bytes: c.bytes,
+            shared_bytes: c.shared_bytes,
             frozen_ms: c.frozen_ms,
             total_ms: c.total_ms,
         })
