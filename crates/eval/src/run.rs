@@ -43,6 +43,9 @@ pub struct TurnRow {
     /// What the turn's end took (`none`, `files`, `process`, `full`, ...).
     pub decision: Option<String>,
     pub version_bytes: u64,
+    /// Of the version's bytes, those shared with an earlier version's
+    /// images rather than written.
+    pub version_shared_bytes: u64,
     /// How long its answer was held for the version.
     pub held_ms: f64,
     /// From the upstream's end to the answer's release: the hold and the
@@ -95,8 +98,10 @@ pub struct RunResult {
     pub faults: Vec<FaultRecord>,
     pub turns: Vec<TurnRow>,
     pub wall_s: f64,
-    /// Checkpoint bytes of every version its sessions took.
+    /// Checkpoint bytes of every version its sessions took: written.
     pub bytes: u64,
+    /// And shared on disk with an earlier version's images instead.
+    pub shared_bytes: u64,
     /// Times the agent started over (restart).
     pub restarts: usize,
     pub observed: Option<Observation>,
@@ -149,6 +154,7 @@ pub async fn run(mock: &Mock, h: &Handle, d: Option<&mut Drumsd>, job: &Job<'_>)
         turns: Vec::new(),
         wall_s: 0.0,
         bytes: 0,
+        shared_bytes: 0,
         restarts: 0,
         observed: None,
         correct: None,
@@ -184,6 +190,7 @@ pub async fn run(mock: &Mock, h: &Handle, d: Option<&mut Drumsd>, job: &Job<'_>)
         join_records(&mut r.turns, &records);
     }
     r.bytes = records.iter().filter_map(|t| t.version_bytes).sum();
+    r.shared_bytes = records.iter().filter_map(|t| t.version_shared_bytes).sum();
     r
 }
 
@@ -260,6 +267,7 @@ async fn drive(
             class: None,
             decision: None,
             version_bytes: 0,
+            version_shared_bytes: 0,
             held_ms: 0.0,
             release_ms: 0.0,
             latency_ms: ms(latency),
@@ -488,6 +496,7 @@ fn rows_of(records: &[CoordinatedTurn], trace: &Trace) -> Vec<TurnRow> {
                 class: t.class,
                 decision: Some(t.decision.clone()),
                 version_bytes: t.version_bytes.unwrap_or(0),
+                version_shared_bytes: t.version_shared_bytes.unwrap_or(0),
                 held_ms: t.held_ms,
                 release_ms: t.release_ms,
                 latency_ms: 0.0,
@@ -870,6 +879,7 @@ fn join_records(rows: &mut [TurnRow], records: &[CoordinatedTurn]) {
         row.class = t.class;
         row.decision = Some(t.decision.clone());
         row.version_bytes = t.version_bytes.unwrap_or(0);
+        row.version_shared_bytes = t.version_shared_bytes.unwrap_or(0);
         row.held_ms = t.held_ms;
         row.release_ms = t.release_ms;
         row.overhead_us = ((row.rtt_ms - row.upstream_ms - row.release_ms) * 1000.0).max(0.0);
