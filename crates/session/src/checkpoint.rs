@@ -595,14 +595,27 @@ impl Manager {
         let stop = self.host.faults.check("checkpoint.commit").err();
         let dest = images.to_owned();
         let c = tokio::task::spawn_blocking(move || {
-            drums_checkpoint::share::commit_images(staged.dir(), &dest, parent.as_deref(), |name| {
-                match &stop {
+            let c = drums_checkpoint::share::commit_images(
+                staged.dir(),
+                &dest,
+                parent.as_deref(),
+                |name| match &stop {
                     Some(e) => Err(drums_checkpoint::share::interrupted(format!(
                         "after {name}: {e}"
                     ))),
                     None => Ok(()),
+                },
+            )?;
+            // Commit the store's transaction now, with the session thawed:
+            // the images' fsyncs only went to btrfs' log, and the next
+            // snapshot (taken frozen) would otherwise commit all of it,
+            // clones and all, while the session waits.
+            if let Ok(dir) = std::fs::File::open(&dest) {
+                if let Err(e) = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) {
+                    warn!("syncfs {}: {e}", dest.display());
                 }
-            })
+            }
+            Ok::<_, drums_checkpoint::CheckpointError>(c)
         })
         .await
         .expect("commit task does not panic")?;
