@@ -367,7 +367,7 @@ impl Manager {
                     drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
                         .memory_usage(),
                 )?;
-                let dumped = self
+                let (report, held) = self
                     .dump(
                         rec,
                         pid,
@@ -376,8 +376,7 @@ impl Manager {
                         full.then_some(&snap),
                         plan.leave_running,
                     )
-                    .await;
-                let (report, held) = dumped?;
+                    .await?;
                 if let Some(staged) = staging {
                     committed = Some(self.commit(staged, &images, plan.head.as_ref()).await?);
                 }
@@ -391,12 +390,10 @@ impl Manager {
         self.host.faults.hold("version.manifest").await;
         self.engine_faults()?;
         let head = plan.head.as_ref();
-        let (images_list, frozen_ms, dump_ms) = match &report {
-            Some(r) if committed.is_some() => {
-                let c: &drums_checkpoint::share::Committed = committed.as_ref().expect("some");
-                (c.images.clone(), r.frozen_ms, r.dump_ms)
-            }
-            Some(r) => {
+        let (images_list, frozen_ms, dump_ms) = match (&report, &committed) {
+            // Copied from the staging tmpfs: already checksummed and fsynced.
+            (Some(r), Some(c)) => (c.images.clone(), r.frozen_ms, r.dump_ms),
+            (Some(r), None) => {
                 let images_dir = images.clone();
                 let files =
                     tokio::task::spawn_blocking(move || drums_checkpoint::seal_images(&images_dir))
@@ -405,7 +402,7 @@ impl Manager {
                 (files, r.frozen_ms, r.dump_ms)
             }
             // A files artifact restores with the head's process images.
-            None => (
+            (None, _) => (
                 head.map(|h| h.images.clone()).unwrap_or_default(),
                 files_cost.map_or(0.0, |c| c.frozen_ms),
                 0.0,
