@@ -1310,3 +1310,49 @@ async fn process_versions_share_their_parents_pages_and_restore_exactly() {
     assert!(staged.is_empty(), "dumps left staged: {staged:?}");
     d.stop_and_check_leaks();
 }
+
+/// A version's snapshot of a session's upper layer is drumsd's doing, not
+/// the session's: a turn after it in which the agent only thought changed
+/// nothing, and takes no version. (The inspector's cross-check once read
+/// the subvolume's generation, which every snapshot of it moves: a turn
+/// after a version with no file event in between reported a change it had
+/// not seen, and took a version for it, which moved it again. Under 16
+/// sessions at once, every turn took a version until the session's budget
+/// of versions ran out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_after_a_version_that_changed_nothing_takes_none() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut d = TestDaemon::start();
+    let s = d
+        .create(&CreateSession {
+            name: Some("calm".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for k in 1..=3 {
+        // A version of a turn with no file event: the files policy takes
+        // one at every turn's end.
+        let e = turn(&d, "calm", "", Policy::Files).await;
+        assert_eq!(took(&e).took, "files", "turn {k}: {e:#?}");
+        // The snapshot is committed before the next turn ends.
+        nix::unistd::sync();
+        for quiet in 0..2 {
+            let e = turn(&d, "calm", "", Policy::Selective).await;
+            assert_eq!(
+                e.class,
+                drums_api::TurnClass::None,
+                "quiet turn {quiet} after version {k}: {e:#?}"
+            );
+            let ck = e.checkpoint.as_ref().expect("asked for a checkpoint");
+            assert_eq!(ck.decision, "none", "{e:#?}");
+            assert!(ck.version.is_none(), "{e:#?}");
+        }
+    }
+    // A write still counts.
+    let e = turn(&d, "calm", "echo 4 > /root/f4", Policy::Selective).await;
+    assert_eq!(e.class, drums_api::TurnClass::Files, "{e:#?}");
+    assert_eq!(versions(&d, "calm").await.len(), 4);
+    d.rm(&s.id).await.unwrap();
+    d.stop_and_check_leaks();
+}

@@ -207,7 +207,7 @@ impl Inspector {
         let generation = target
             .subvolume
             .as_deref()
-            .and_then(|p| drums_store::subvolume_generation(p).ok());
+            .and_then(|p| drums_store::subvolume_changed(p).ok());
         st.by_cgroup
             .insert(target.cgroup_id, target.session.clone());
         st.watches.insert(
@@ -529,8 +529,9 @@ impl Inspector {
     /// frozen and its processes [`Inspector::still`]: a new start for its
     /// effects, its processes' baseline as it was, and no turn open (as
     /// after a restore, its turns start again). drumsd's own writes are no
-    /// event of the session's, but they move its upper layer's btrfs
-    /// generation: they count as one, so that move is no unexplained change.
+    /// event of the session's, but they move its upper layer's contents'
+    /// btrfs generation: they count as one, so that move is no unexplained
+    /// change.
     pub fn files_put_back(&self, session: &str) {
         let mut st = self.state();
         if let Some(w) = st.watches.get_mut(session) {

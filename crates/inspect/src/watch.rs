@@ -28,6 +28,7 @@ pub(crate) struct Watch {
     /// Events of this epoch are a checkpoint's own doing (CRIU's parasite
     /// runs inside every process, mapping memory and writing its log).
     pub(crate) discard_epoch: Option<u64>,
+    /// The upper layer's contents' btrfs generation at the last boundary.
     pub(crate) generation: Option<u64>,
     /// File events since the upper layer's generation last moved.
     pub(crate) events_since_generation: u64,
@@ -40,12 +41,15 @@ impl Watch {
         self.window = std::mem::take(&mut self.next);
         self.open = false;
 
-        // The upper layer's btrfs generation moves when its subvolume is
-        // committed, up to 30 s after a write: a move with no file event since
-        // the previous move is a change the events missed.
+        // The upper layer's contents' btrfs generation (ctransid) moves when
+        // its subvolume is committed, up to 30 s after a write: a move with
+        // no file event since the previous move is a change the events
+        // missed. Not the subvolume's own generation: each version's
+        // snapshot of it moves that one, so every turn after a version would
+        // report a change, and take a version for it.
         self.events_since_generation += window.file_events;
         if let Some(sv) = self.target.subvolume.as_deref() {
-            if let Ok(g) = drums_store::subvolume_generation(sv) {
+            if let Ok(g) = drums_store::subvolume_changed(sv) {
                 if self.generation.is_some_and(|old| old != g) {
                     if self.events_since_generation == 0 {
                         window.unknown(

@@ -130,9 +130,15 @@ mod ioctl {
 pub struct SubvolumeInfo {
     /// The subvolume's tree id.
     pub id: u64,
-    /// The last transaction that changed the subvolume: unchanged generation means
-    /// unchanged contents, so a checkpoint can be skipped.
+    /// The last transaction that changed the subvolume's tree. Taking a
+    /// snapshot of it moves this too (btrfs copies its root node), so it
+    /// says nothing of its contents; see `changed`.
     pub generation: u64,
+    /// The last transaction that changed the subvolume's contents
+    /// (ctransid): any write, create, link, unlink, rename, truncate,
+    /// attribute or timestamp change, once committed. A snapshot taken of
+    /// it leaves it where it was.
+    pub changed: u64,
     /// Whether the subvolume is read-only (a read-only snapshot).
     pub readonly: bool,
     pub uuid: [u8; 16],
@@ -338,6 +344,7 @@ pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, StoreError> {
     Ok(SubvolumeInfo {
         id: args.treeid,
         generation: args.generation,
+        changed: args.ctransid,
         readonly: args.flags & ROOT_SUBVOL_RDONLY != 0,
         uuid: args.uuid,
         parent_uuid: args.parent_uuid,
@@ -348,6 +355,13 @@ pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, StoreError> {
 /// The generation (last changing transaction) of the subvolume at `path`.
 pub fn subvolume_generation(path: &Path) -> Result<u64, StoreError> {
     subvolume_info(path).map(|info| info.generation)
+}
+
+/// The last transaction that changed the contents of the subvolume at
+/// `path` ([`SubvolumeInfo::changed`]): unlike its generation, not moved by
+/// snapshots taken of it.
+pub fn subvolume_changed(path: &Path) -> Result<u64, StoreError> {
+    subvolume_info(path).map(|info| info.changed)
 }
 
 /// Every path of inode `ino` in the subvolume that holds `dir`, relative to

@@ -27,7 +27,7 @@ use nix::sys::statfs::{statfs, BTRFS_SUPER_MAGIC};
 
 pub use btrfs::{
     create_subvolume, create_subvolume_with, delete_subvolume, ino_paths, is_subvolume, snapshot,
-    snapshot_with, subvolume_generation, subvolume_info, SubvolumeInfo,
+    snapshot_with, subvolume_changed, subvolume_generation, subvolume_info, SubvolumeInfo,
 };
 pub use quota::{
     enable_quota, ensure_qgroup, limit_qgroup, QgroupInherit, QgroupLimitKind, SESSIONS_QGROUP,

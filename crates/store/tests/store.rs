@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use drums_store::{
-    create_subvolume, delete_subvolume, is_subvolume, snapshot, subvolume_generation,
-    subvolume_info, written_since, Backing, Store, StoreError, Written,
+    create_subvolume, delete_subvolume, is_subvolume, snapshot, subvolume_changed,
+    subvolume_generation, subvolume_info, written_since, Backing, Store, StoreError, Written,
 };
 
 const GIB: u64 = 1 << 30;
@@ -107,10 +107,22 @@ fn loop_store_subvolumes_and_snapshots() {
     fs::write(upper.join("file"), b"hello").unwrap();
     let gen_before = subvolume_generation(&upper).unwrap();
     assert!(gen_before > 0);
+    let sync = |p: &Path| {
+        let dir = fs::File::open(p).unwrap();
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
+    };
+    sync(&upper);
+    let changed_before = subvolume_changed(&upper).unwrap();
+    let gen_synced = subvolume_generation(&upper).unwrap();
 
     // Read-only snapshot: same contents, no writes.
     let ro = root.join("ro");
     snapshot(&upper, &ro, true).unwrap();
+    // Taking it moved the source's generation (its root node was copied),
+    // not its contents' (what the inspector's cross-check reads).
+    sync(&upper);
+    assert!(subvolume_generation(&upper).unwrap() > gen_synced);
+    assert_eq!(subvolume_changed(&upper).unwrap(), changed_before);
     assert!(is_subvolume(&ro));
     assert_eq!(fs::read(ro.join("file")).unwrap(), b"hello");
     let err = fs::File::create(ro.join("new")).unwrap_err();
@@ -140,13 +152,13 @@ fn loop_store_subvolumes_and_snapshots() {
     assert_eq!(fs::read(rw.join("file")).unwrap(), b"hello world");
     assert_eq!(fs::read(ro.join("file")).unwrap(), b"hello");
 
-    // Writing to the original moves its generation on once committed.
+    // Writing to the original moves its generation and its contents'
+    // on, once committed (the fd is closed in `sync`: an open one would
+    // keep the filesystem busy at close).
     fs::write(upper.join("file2"), b"more").unwrap();
-    let dir = fs::File::open(&upper).unwrap();
-    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
-    // An open fd would keep the filesystem busy at close.
-    drop(dir);
+    sync(&upper);
     assert!(subvolume_generation(&upper).unwrap() > gen_before);
+    assert!(subvolume_changed(&upper).unwrap() > changed_before);
 
     // Errors name what went wrong.
     let plain = root.join("plain");
