@@ -373,8 +373,15 @@ impl Cgroup {
     /// The cgroup id eBPF sees (`bpf_get_current_cgroup_id()`): the inode number of
     /// the v2 directory. `None` without a v2 hierarchy or before creation.
     pub fn id(&self) -> Option<u64> {
-        let (_, dir) = self.dirs.iter().find(|(kind, _)| kind.is_v2())?;
-        std::fs::metadata(dir).ok().map(|m| m.ino())
+        std::fs::metadata(self.v2_dir()?).ok().map(|m| m.ino())
+    }
+
+    /// The cgroup's directory in the v2 hierarchy, if there is one.
+    pub fn v2_dir(&self) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|(kind, _)| kind.is_v2())
+            .map(|(_, dir)| dir.as_path())
     }
 
     /// SIGKILL every process in the cgroup until it is empty, for at most

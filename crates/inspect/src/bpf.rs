@@ -1,15 +1,21 @@
 //! The loaded BPF programs and their maps: what the rest of the crate needs from
 //! libbpf, and nothing else.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::Read;
 use std::mem::{ManuallyDrop, MaybeUninit};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{
+    CgroupIterOpts, CgroupIterOrder, Iter, IterOpts, Link, MapCore, MapFlags, OpenObject,
+    RingBuffer, RingBufferBuilder,
+};
 
 use drums_sys::{LinuxSyscall, MntFlags, MsFlags, Syscall};
 
@@ -48,7 +54,9 @@ pub struct Programs {
     // Field order is drop order: the ring buffer and links before the skeleton,
     // the skeleton before the object storage it borrows.
     rb: ManuallyDrop<RingBuffer<'static>>,
-    iter: ManuallyDrop<Link>,
+    /// Each watched cgroup's task iterator (`dump_session_tasks` attached to
+    /// that cgroup): every snapshot of its tasks is a new read of it.
+    iters: ManuallyDrop<RefCell<HashMap<u64, Link>>>,
     skel: ManuallyDrop<skel::InspectSkel<'static>>,
     storage: *mut MaybeUninit<OpenObject>,
     mounted: Vec<PathBuf>,
@@ -73,9 +81,9 @@ impl Programs {
         }
         let storage = Box::into_raw(Box::new(MaybeUninit::<OpenObject>::uninit()));
         match Self::open(storage, session_level, queue) {
-            Ok((rb, iter, skel)) => Ok(Programs {
+            Ok((rb, skel)) => Ok(Programs {
                 rb: ManuallyDrop::new(rb),
-                iter: ManuallyDrop::new(iter),
+                iters: ManuallyDrop::new(RefCell::new(HashMap::new())),
                 skel: ManuallyDrop::new(skel),
                 storage,
                 mounted,
@@ -90,12 +98,11 @@ impl Programs {
         }
     }
 
-    #[allow(clippy::type_complexity)]
     fn open(
         storage: *mut MaybeUninit<OpenObject>,
         session_level: u32,
         queue: Arc<Queue>,
-    ) -> Result<(RingBuffer<'static>, Link, skel::InspectSkel<'static>), InspectError> {
+    ) -> Result<(RingBuffer<'static>, skel::InspectSkel<'static>), InspectError> {
         let op = |op: &'static str| move |source| InspectError::Bpf { op, source };
         // SAFETY: the storage is a live heap allocation that outlives the
         // skeleton: Programs drops the skeleton before freeing it.
@@ -106,18 +113,10 @@ impl Programs {
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.session_level = session_level;
         }
+        // Attached to each watched cgroup in turn (Programs::watch).
+        open.progs.dump_session_tasks.set_autoattach(false);
         let mut skel = open.load().map_err(op("load the BPF programs"))?;
         skel.attach().map_err(op("attach the BPF programs"))?;
-        // attach() makes the iterator's link too; it is kept apart because
-        // every snapshot is a new read of it.
-        let iter = match skel.links.dump_task.take() {
-            Some(link) => link,
-            None => skel
-                .progs
-                .dump_task
-                .attach()
-                .map_err(op("attach the task iterator"))?,
-        };
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&skel.maps.events, move |data: &[u8]| {
@@ -131,7 +130,7 @@ impl Programs {
             })
             .map_err(op("add the ring buffer"))?;
         let rb = builder.build().map_err(op("build the ring buffer"))?;
-        Ok((rb, iter, skel))
+        Ok((rb, skel))
     }
 
     /// The fd to poll for new events.
@@ -148,7 +147,8 @@ impl Programs {
     }
 
     /// Start reporting a cgroup's events, in epoch 0.
-    pub fn watch(&self, cgroup: u64) -> Result<(), InspectError> {
+    pub fn watch(&self, cgroup: u64, dir: &Path) -> Result<(), InspectError> {
+        let link = self.session_iterator(cgroup, dir)?;
         let key = cgroup.to_ne_bytes();
         self.skel
             .maps
@@ -163,6 +163,41 @@ impl Programs {
             .map_err(|source| InspectError::Bpf {
                 op: "add the cgroup to the watched map",
                 source,
+            })?;
+        self.iters.borrow_mut().insert(cgroup, link);
+        Ok(())
+    }
+
+    /// The task iterator of cgroup `cgroup`, whose unified-hierarchy
+    /// directory is `dir`: the directory must be that cgroup still (the id
+    /// is its inode), not one made at the same path since.
+    fn session_iterator(&self, cgroup: u64, dir: &Path) -> Result<Link, InspectError> {
+        let io = |op: &'static str| move |source| InspectError::Io { op, source };
+        let file = std::fs::File::open(dir).map_err(io("open the session's cgroup"))?;
+        let ino = file
+            .metadata()
+            .map_err(io("stat the session's cgroup"))?
+            .ino();
+        if ino != cgroup {
+            return Err(InspectError::Io {
+                op: "open the session's cgroup",
+                source: std::io::Error::other(format!(
+                    "{} is cgroup {ino}, not {cgroup}",
+                    dir.display()
+                )),
+            });
+        }
+        self.skel
+            .progs
+            .dump_session_tasks
+            .attach_iter_with_opts(IterOpts::Cgroup(CgroupIterOpts {
+                fd: file.as_fd(),
+                order: CgroupIterOrder::DescendantsPre,
+                _non_exhaustive: (),
+            }))
+            .map_err(|source| InspectError::Bpf {
+                op: "attach the session's task iterator",
+                source,
             })
     }
 
@@ -170,6 +205,7 @@ impl Programs {
         let key = cgroup.to_ne_bytes();
         let _ = self.skel.maps.sessions.delete(&key);
         let _ = self.skel.maps.lost.delete(&key);
+        self.iters.borrow_mut().remove(&cgroup);
     }
 
     /// Start a new epoch for a cgroup: events after this carry it. While
@@ -225,14 +261,20 @@ impl Programs {
         }
     }
 
-    /// One record per task of every watched cgroup, read through the task
-    /// iterator: a consistent snapshot in one read, with exact run times.
-    pub fn tasks(&self) -> Result<Vec<types::task_rec>, InspectError> {
-        let mut it = Iter::new(&self.iter).map_err(|source| InspectError::Bpf {
+    /// One record per task of watched cgroup `cgroup` and the cgroups below
+    /// it, read through its task iterator: a consistent snapshot in one
+    /// read, with exact run times.
+    pub fn tasks(&self, cgroup: u64) -> Result<Vec<types::task_rec>, InspectError> {
+        let iters = self.iters.borrow();
+        let link = iters.get(&cgroup).ok_or(InspectError::Io {
+            op: "read the session's task iterator",
+            source: std::io::Error::other(format!("cgroup {cgroup} is not watched")),
+        })?;
+        let mut it = Iter::new(link).map_err(|source| InspectError::Bpf {
             op: "create a task iterator",
             source,
         })?;
-        let mut buf = Vec::with_capacity(64 * std::mem::size_of::<types::task_rec>());
+        let mut buf = Vec::with_capacity(16 * std::mem::size_of::<types::task_rec>());
         it.read_to_end(&mut buf)
             .map_err(|source| InspectError::Io {
                 op: "read the task iterator",
@@ -255,7 +297,7 @@ impl Drop for Programs {
         // the skeleton is gone.
         unsafe {
             ManuallyDrop::drop(&mut self.rb);
-            ManuallyDrop::drop(&mut self.iter);
+            ManuallyDrop::drop(&mut self.iters);
             ManuallyDrop::drop(&mut self.skel);
             drop(Box::from_raw(self.storage));
         }

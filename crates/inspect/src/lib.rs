@@ -89,6 +89,8 @@ pub struct Target {
     /// The inode of its unified-hierarchy cgroup: what bpf_get_current_cgroup_id
     /// returns for its processes.
     pub cgroup_id: u64,
+    /// That cgroup's directory, which its task iterator is attached to.
+    pub cgroup_dir: PathBuf,
     /// A process whose root is the session's root, to look paths up from.
     pub root_pid: i32,
     /// The btrfs subvolume holding its upper layer, for the generation check.
@@ -195,8 +197,8 @@ impl Inspector {
             st.loaded = Some(self.load()?);
         }
         let loaded = st.loaded.as_ref().expect("loaded above");
-        loaded.progs.watch(target.cgroup_id)?;
-        let baseline = match loaded.progs.tasks() {
+        loaded.progs.watch(target.cgroup_id, &target.cgroup_dir)?;
+        let baseline = match loaded.progs.tasks(target.cgroup_id) {
             Ok(t) => Snapshot::from_tasks(&t, target.cgroup_id),
             Err(e) => {
                 loaded.progs.unwatch(target.cgroup_id);
@@ -294,7 +296,7 @@ impl Inspector {
         // Later events carry the new epoch and go to the next window; then
         // everything already committed is read.
         loaded.progs.set_epoch(cgroup, epoch + 1, false)?;
-        let tasks = loaded.progs.tasks()?;
+        let tasks = loaded.progs.tasks(cgroup)?;
         let lost = loaded.progs.lost(cgroup);
         st.drain()?;
         let w = st.watches.get_mut(session).expect("checked above");
@@ -332,7 +334,12 @@ impl Inspector {
         if !st.watches.contains_key(&target.session) {
             st = self.watch_or_unload(st, target)?;
         }
-        let tasks = st.loaded.as_ref().expect("watched").progs.tasks()?;
+        let tasks = st
+            .loaded
+            .as_ref()
+            .expect("watched")
+            .progs
+            .tasks(target.cgroup_id)?;
         let w = st.watches.get_mut(&target.session).expect("watched");
         let snap = Snapshot::from_tasks(&tasks, target.cgroup_id);
         let root = snap
@@ -374,8 +381,9 @@ impl Inspector {
             return Ok(());
         }
         let loaded = st.loaded.as_ref().expect("watched");
-        let tasks = loaded.progs.tasks()?;
-        let baseline = Snapshot::from_tasks(&tasks, st.watches[session].target.cgroup_id);
+        let cgroup = st.watches[session].target.cgroup_id;
+        let tasks = loaded.progs.tasks(cgroup)?;
+        let baseline = Snapshot::from_tasks(&tasks, cgroup);
         // Empty its processes' notes: they count from now.
         loaded.progs.returned(baseline.tgids());
         let w = st.watches.get_mut(session).expect("watched");
@@ -398,7 +406,7 @@ impl Inspector {
         };
         let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
         let loaded = st.loaded.as_ref().expect("watched");
-        let tasks = loaded.progs.tasks()?;
+        let tasks = loaded.progs.tasks(cgroup)?;
         loaded.progs.set_epoch(cgroup, epoch, false)?;
         let now = Snapshot::from_tasks(&tasks, cgroup);
         let returned = loaded.progs.returned(now.tgids());
@@ -433,10 +441,10 @@ impl Inspector {
         // Old notes go first; from here on a process's return to its own
         // code is noted, so one before `before` shows in its run time and
         // one after in `returned`.
-        let stale = Snapshot::from_tasks(&loaded.progs.tasks()?, cgroup);
+        let stale = Snapshot::from_tasks(&loaded.progs.tasks(cgroup)?, cgroup);
         loaded.progs.returned(stale.tgids());
         loaded.progs.set_epoch(cgroup, epoch, true)?;
-        let mut before = Snapshot::from_tasks(&loaded.progs.tasks()?, cgroup);
+        let mut before = Snapshot::from_tasks(&loaded.progs.tasks(cgroup)?, cgroup);
         // drums' own processes are no effect, and one running now may be
         // in its own code, where nothing shows what it does.
         before.procs.retain(|k, _| !w.excluded.contains(k));
@@ -477,7 +485,7 @@ impl Inspector {
         };
         let (cgroup, epoch) = (w.target.cgroup_id, w.epoch);
         let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
-        let tasks = loaded.progs.tasks()?;
+        let tasks = loaded.progs.tasks(cgroup)?;
         loaded.progs.set_epoch(cgroup, epoch, false)?;
         let now = Snapshot::from_tasks(&tasks, cgroup);
         let returned = loaded.progs.returned(now.tgids());
@@ -512,7 +520,7 @@ impl Inspector {
         };
         let cgroup = w.target.cgroup_id;
         let loaded = st.loaded.as_ref().expect("a watch implies loaded programs");
-        let tasks = loaded.progs.tasks()?;
+        let tasks = loaded.progs.tasks(cgroup)?;
         let lost = loaded.progs.lost(cgroup);
         st.drain()?;
         let frozen = Snapshot::from_tasks(&tasks, cgroup);

@@ -63,6 +63,7 @@ impl Cg {
         Target {
             session: self.dir.file_name().unwrap().to_string_lossy().into_owned(),
             cgroup_id: self.id,
+            cgroup_dir: self.dir.clone(),
             root_pid: std::process::id() as i32,
             subvolume: None,
             ignore: Vec::new(),
@@ -143,6 +144,40 @@ fn classifies_files_and_processes_and_unloads_at_the_end() {
     let t = turn(&i, &cg, "pkill -f '^sleep 999$'; sleep 0.1");
     assert_eq!(t.class, TurnClass::Processes, "{t:#?}");
     assert!(t.processes.iter().any(|p| p.change == "exited"), "{t:#?}");
+
+    // A process in a cgroup below the session's is the session's: its
+    // tasks are walked with the session's own (pre-order, from its cgroup).
+    let child = cg.dir.join("child");
+    std::fs::create_dir(&child).unwrap();
+    let t = turn(
+        &i,
+        &cg,
+        &format!(
+            "sh -c 'echo $$ > {}/cgroup.procs && exec sleep 998' & sleep 0.2",
+            child.display()
+        ),
+    );
+    let in_child = std::fs::read_to_string(child.join("cgroup.procs")).unwrap();
+    std::fs::write(child.join("cgroup.kill"), "1").unwrap();
+    while !std::fs::read_to_string(child.join("cgroup.procs"))
+        .unwrap()
+        .is_empty()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::fs::remove_dir(&child).unwrap();
+    assert!(
+        !in_child.trim().is_empty(),
+        "the sleeper moved to the child"
+    );
+    // Both: the move wrote the child's cgroup.procs.
+    assert_eq!(t.class, TurnClass::Both, "{t:#?}");
+    assert!(
+        t.processes
+            .iter()
+            .any(|p| p.change == "spawned" && p.comm == "sleep"),
+        "{t:#?}"
+    );
 
     // Bad input.
     assert!(matches!(

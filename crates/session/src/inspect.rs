@@ -44,17 +44,17 @@ impl Turns {
 impl Manager {
     fn inspect_target(&self, id_or_name: &str) -> Result<Target, SessionError> {
         let (rec, pid) = self.host.running(id_or_name)?;
-        let cgroup_id = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id)
-            .id()
-            .ok_or_else(|| {
-                SessionError::Invalid(format!(
-                    "session {} has no cgroup in the unified (v2) hierarchy, which the inspector attributes events by",
-                    rec.name
-                ))
-            })?;
+        let cgroup = drums_cgroup::Cgroup::open(&self.host.cfg.cgroup_parent, &rec.id);
+        let (Some(cgroup_id), Some(cgroup_dir)) = (cgroup.id(), cgroup.v2_dir()) else {
+            return Err(SessionError::Invalid(format!(
+                "session {} has no cgroup in the unified (v2) hierarchy, which the inspector attributes events by",
+                rec.name
+            )));
+        };
         Ok(Target {
             session: rec.name,
             cgroup_id,
+            cgroup_dir: cgroup_dir.to_owned(),
             root_pid: pid,
             subvolume: Some(self.host.store_root.join("sessions").join(&rec.id)),
             // drums' own directory: the init's log, the guest's socket, the
@@ -76,6 +76,14 @@ impl Manager {
     /// End the open turn: what it changed, also sent to every `turns` stream.
     pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
         let rec = self.host.record(id_or_name)?;
+        self.turn_end_of(&rec)
+    }
+
+    /// [`Manager::turn_end`] of a session whose record the caller has.
+    pub(crate) fn turn_end_of(
+        &self,
+        rec: &drums_catalog::SessionRecord,
+    ) -> Result<TurnEffects, SessionError> {
         let effects = self.turns.inspector.turn_end(&rec.name)?;
         let _ = self
             .turns

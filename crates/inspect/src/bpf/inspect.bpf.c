@@ -981,19 +981,22 @@ static __always_inline unsigned long long task_session(struct task_struct *t)
 	return bpf_map_lookup_elem(&sessions, &id) ? id : 0;
 }
 
-SEC("iter/task")
-int dump_task(struct bpf_iter__task *ctx)
+/* The open-coded iterator over a css's tasks (kernel 6.7 and later). */
+extern int bpf_iter_css_task_new(struct bpf_iter_css_task *it,
+				 struct cgroup_subsys_state *css, unsigned int flags) __weak __ksym;
+extern struct task_struct *bpf_iter_css_task_next(struct bpf_iter_css_task *it) __weak __ksym;
+extern void bpf_iter_css_task_destroy(struct bpf_iter_css_task *it) __weak __ksym;
+
+static __always_inline void dump_task(struct seq_file *seq, struct task_struct *t)
 {
-	struct seq_file *seq = ctx->meta->seq;
-	struct task_struct *t = ctx->task;
 	struct task_rec r = {};
 
 	/* A zombie has exited: nothing of it is left to recover. */
-	if (!t || t->exit_state)
-		return 0;
+	if (t->exit_state)
+		return;
 	r.cgroup = task_session(t);
 	if (!r.cgroup)
-		return 0;
+		return;
 	r.pid = t->pid;
 	r.tgid = t->tgid;
 	r.ppid = BPF_CORE_READ(t, real_parent, tgid);
@@ -1006,5 +1009,25 @@ int dump_task(struct bpf_iter__task *ctx)
 	r.faults = t->min_flt + t->maj_flt;
 	__builtin_memcpy(r.comm, t->comm, sizeof(r.comm));
 	bpf_seq_write(seq, &r, sizeof(r));
+}
+
+/* One record per task of one session. The link names the session's cgroup
+ * and walks it and every cgroup below it, in pre-order: this is called once
+ * for each, and writes the tasks that cgroup holds itself (with threads).
+ * What it costs follows the session's size, not the host's, as a task
+ * iterator over every task on the host did (one walk per turn end, under
+ * the inspector's lock, whichever session ended it). */
+SEC("iter/cgroup")
+int dump_session_tasks(struct bpf_iter__cgroup *ctx)
+{
+	struct seq_file *seq = ctx->meta->seq;
+	struct cgroup *cgrp = ctx->cgroup;
+	struct task_struct *t;
+
+	/* Called once more after the last cgroup, with none. */
+	if (!cgrp)
+		return 0;
+	bpf_for_each(css_task, t, &cgrp->self, 0)
+		dump_task(seq, t);
 	return 0;
 }

@@ -59,21 +59,24 @@ impl Manager {
         budgeted: bool,
     ) -> Result<TurnEffects, SessionError> {
         // The inspector's maps are read on a blocking thread: many sessions
-        // ending turns at once must not stall the runtime's workers.
+        // ending turns at once must not stall the runtime's workers. The
+        // session's record is read there once, for the turn and its version.
         let (me, id) = (self.clone(), id_or_name.to_owned());
-        let mut effects = tokio::task::spawn_blocking(move || me.turn_end(&id))
-            .await
-            .expect("turn end does not panic")?;
+        let (rec, mut effects) = tokio::task::spawn_blocking(move || {
+            let rec = me.host.record(&id)?;
+            let effects = me.turn_end_of(&rec)?;
+            Ok::<_, SessionError>((rec, effects))
+        })
+        .await
+        .expect("turn end does not panic")?;
         if !req.checkpoint {
             if effects.class != TurnClass::None {
                 // What this turn changed is in no version: the next one must
                 // be whole, and no version before it pairs with what is now.
-                let rec = self.host.record(id_or_name)?;
                 self.versions.set_position(&rec.id, |p| p.needs_full = true);
             }
             return Ok(effects);
         }
-        let rec = self.host.record(id_or_name)?;
         let policy = req.policy.unwrap_or_default();
         let want = wanted(policy, effects.class);
         let mut ck = drums_api::TurnCheckpoint {
