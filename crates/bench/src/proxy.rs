@@ -49,7 +49,16 @@ use drums_api::exec::enc;
 /// sends OpenAI requests to this bench's mock.
 const MARKER: &str = "x-drums-bench-mock";
 const SESSIONS: usize = 16;
-const RPS_FOR: Duration = Duration::from_secs(3);
+/// How long the requests-per-second part runs; `DRUMS_BENCH_RPS_SECS`
+/// makes it longer for a profile of it (scripts/profile-proxy.sh rps).
+fn rps_for() -> Duration {
+    let secs = std::env::var("DRUMS_BENCH_RPS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(3);
+    Duration::from_secs(secs)
+}
 /// Crab's median LLM turn.
 const MEDIAN_TURN_S: f64 = 3.34;
 
@@ -149,6 +158,7 @@ async fn run(
     }
 
     // Requests per second: 16 sessions at once.
+    let rps_for = rps_for();
     for (key, via) in [("direct", mock), ("proxy", at)] {
         progress(&format!("requests per second: {key}"));
         let workers = live.iter().map(|s| {
@@ -156,7 +166,7 @@ async fn run(
             async move {
                 let mut conn = Conn::open(via).await?;
                 let (t, mut k) = (Instant::now(), 0u64);
-                while t.elapsed() < RPS_FOR {
+                while t.elapsed() < rps_for {
                     let session = (via == at).then_some(name.as_str());
                     conn.ask("/v1/chat/completions", session, false, 0).await?;
                     k += 1;
@@ -172,7 +182,7 @@ async fn run(
             .sum();
         out.insert(
             format!("rps.{SESSIONS}.{key}"),
-            json!(total as f64 / RPS_FOR.as_secs_f64()),
+            json!(total as f64 / rps_for.as_secs_f64()),
         );
     }
 
@@ -463,7 +473,7 @@ fn print_tables(n: usize, turns: usize, v: &Value) {
     println!();
     println!(
         "requests/s, {SESSIONS} sessions at once for {} s: direct {:.0}, through the proxy {:.0} (each a turn boundary)",
-        RPS_FOR.as_secs(),
+        rps_for().as_secs(),
         s(&format!("rps.{SESSIONS}.direct")),
         s(&format!("rps.{SESSIONS}.proxy")),
     );
