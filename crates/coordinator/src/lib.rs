@@ -695,13 +695,19 @@ impl<S: Sessions> Coordinator<S> {
     /// Ends the session's turn and submits its version, while the request
     /// goes upstream.
     fn end_turn(&self, s: &Session) -> tokio::task::JoinHandle<Result<Ending, SessionError>> {
-        let (m, id, policy) = (self.manager.clone(), s.id.clone(), self.policy);
+        let (m, id, name, policy) = (
+            self.manager.clone(),
+            s.id.clone(),
+            s.name.clone(),
+            self.policy,
+        );
         let handover = self.turns.handover(&s.id);
         tokio::spawn(async move {
             // After the begin of the turn this ends.
             let _h = handover.lock_owned().await;
             m.end_model_turn(
                 &id,
+                &name,
                 &EndTurn {
                     checkpoint: true,
                     policy: Some(policy),
@@ -1067,10 +1073,19 @@ impl<S: Sessions> Coordinator<S> {
         }
         let released = tokio::spawn(release(rest));
         if last {
-            // Off this worker (`begin_turn`): the release just spawned would
-            // otherwise wait behind it in the worker's LIFO slot, which no
-            // other worker steals.
-            match begin_turn(&self.manager, &p.session.id).await {
+            // A watched session's begin is the inspector's lock and a
+            // counter, done here. Any other is off this worker
+            // (`begin_turn`): loading a watch takes tens of ms, and the
+            // release just spawned would wait behind it in the worker's
+            // LIFO slot, which no other worker steals.
+            let begun = match self
+                .manager
+                .turn_begin_watched(&p.session.id, &p.session.name)
+            {
+                Some(begun) => begun,
+                None => begin_turn(&self.manager, &p.session.id).await,
+            };
+            match begun {
                 // Begun, or begun already (by hand, `drums turn begin`).
                 Ok(_) | Err(SessionError::Inspect(InspectError::TurnOpen { .. })) => {}
                 Err(e) => {

@@ -24,10 +24,12 @@ pub trait Sessions: Send + Sync + 'static {
     fn session_at(&self, ip: Ipv4Addr) -> Result<Option<Session>, SessionError>;
     /// Its versions, oldest first.
     fn session_versions(&self, id_or_name: &str) -> Result<Vec<SessionVersion>, SessionError>;
-    /// End the session's open turn and submit its version (not waited for).
+    /// End the open turn of session `id`, named `name`, and submit its
+    /// version (not waited for).
     fn end_model_turn(
         self: &Arc<Self>,
         id: &str,
+        name: &str,
         req: &EndTurn,
     ) -> impl Future<Output = Result<TurnEffects, SessionError>> + Send;
     /// Take the session's first version, if it has none; its job's id.
@@ -37,6 +39,10 @@ pub trait Sessions: Send + Sync + 'static {
         policy: Policy,
     ) -> impl Future<Output = Result<Option<String>, SessionError>> + Send;
     fn turn_begin(&self, id_or_name: &str) -> Result<TurnBegun, SessionError>;
+    /// Begin the next turn of session `id`, named `name`, at once if its
+    /// turns are watched already; `None` if not, and the caller takes
+    /// [`Sessions::turn_begin`] (which may load a watch: tens of ms).
+    fn turn_begin_watched(&self, id: &str, name: &str) -> Option<Result<TurnBegun, SessionError>>;
     /// The session's open turn, if one is.
     fn open_turn(&self, id_or_name: &str) -> Option<u64>;
     /// The version the session was taken back to since this was last
@@ -87,9 +93,10 @@ impl Sessions for Manager {
     fn end_model_turn(
         self: &Arc<Self>,
         id: &str,
+        name: &str,
         req: &EndTurn,
     ) -> impl Future<Output = Result<TurnEffects, SessionError>> + Send {
-        Manager::end_model_turn(self, id, req)
+        Manager::end_model_turn(self, id, name, req)
     }
     fn base_version(
         self: &Arc<Self>,
@@ -100,6 +107,9 @@ impl Sessions for Manager {
     }
     fn turn_begin(&self, id_or_name: &str) -> Result<TurnBegun, SessionError> {
         Manager::turn_begin(self, id_or_name)
+    }
+    fn turn_begin_watched(&self, id: &str, name: &str) -> Option<Result<TurnBegun, SessionError>> {
+        Manager::turn_begin_watched(self, id, name)
     }
     fn open_turn(&self, id_or_name: &str) -> Option<u64> {
         Manager::open_turn(self, id_or_name)

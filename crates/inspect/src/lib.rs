@@ -30,7 +30,7 @@ mod window;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -161,15 +161,27 @@ impl Inspector {
             st = self.watch_or_unload(st, target)?;
         }
         let w = st.watches.get_mut(&target.session).expect("watched above");
-        if w.open {
-            return Err(InspectError::TurnOpen {
-                session: target.session.clone(),
-                turn: w.turn,
-            });
-        }
-        w.turn += 1;
-        w.open = true;
-        Ok(w.turn)
+        w.begin(&target.session)
+    }
+
+    /// Begin a turn of a session watched already, without its [`Target`]:
+    /// `None` unless `session` is watched with its cgroup at `cgroup_dir`,
+    /// and the caller then begins with [`Inspector::turn_begin`]. The name
+    /// alone does not say the watch is the caller's: it passes to a new
+    /// session once the old one is gone. This costs the inspector's lock
+    /// and nothing else, no catalog read and no syscall: the coordinator
+    /// begins a turn at every model call's answer.
+    pub fn turn_begin_watched(
+        &self,
+        session: &str,
+        cgroup_dir: &Path,
+    ) -> Option<Result<u64, InspectError>> {
+        let mut st = self.state();
+        let w = st
+            .watches
+            .get_mut(session)
+            .filter(|w| w.target.cgroup_dir == cgroup_dir)?;
+        Some(w.begin(session))
     }
 
     /// Watch a session; if that fails with nothing else watched, unload the
@@ -283,7 +295,33 @@ impl Inspector {
     /// End the open turn and say what its window changed.
     pub fn turn_end(&self, session: &str) -> Result<TurnEffects, InspectError> {
         let started = Instant::now();
-        let mut st = self.state();
+        let st = self.state();
+        Self::end_locked(st, session, started)
+    }
+
+    /// End the open turn of a session watched with its cgroup at
+    /// `cgroup_dir`: `None` if it is not (not watched, or its name is
+    /// another session's now), and the caller looks the session up again.
+    /// [`Inspector::turn_begin_watched`]'s twin, for the same reason.
+    pub fn turn_end_watched(
+        &self,
+        session: &str,
+        cgroup_dir: &Path,
+    ) -> Option<Result<TurnEffects, InspectError>> {
+        let started = Instant::now();
+        let st = self.state();
+        let ours = st
+            .watches
+            .get(session)
+            .is_some_and(|w| w.target.cgroup_dir == cgroup_dir);
+        ours.then(|| Self::end_locked(st, session, started))
+    }
+
+    fn end_locked(
+        mut st: MutexGuard<'_, State>,
+        session: &str,
+        started: Instant,
+    ) -> Result<TurnEffects, InspectError> {
         let w = st
             .watches
             .get(session)

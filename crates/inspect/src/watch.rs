@@ -8,7 +8,7 @@ use drums_api::{DirtiedProcess, FileEffect, ProcessEffect, TurnClass, TurnEffect
 use crate::event::Op;
 use crate::procs::{self, Key, Snapshot};
 use crate::window::{Holders, Window};
-use crate::Target;
+use crate::{InspectError, Target};
 
 pub(crate) struct Watch {
     pub(crate) target: Target,
@@ -35,6 +35,19 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// Open the next turn.
+    pub(crate) fn begin(&mut self, session: &str) -> Result<u64, InspectError> {
+        if self.open {
+            return Err(InspectError::TurnOpen {
+                session: session.to_owned(),
+                turn: self.turn,
+            });
+        }
+        self.turn += 1;
+        self.open = true;
+        Ok(self.turn)
+    }
+
     /// Close the window at a boundary whose processes are `now`.
     pub(crate) fn close(&mut self, now: Snapshot) -> TurnEffects {
         let mut window = std::mem::take(&mut self.window);

@@ -191,8 +191,33 @@ fn classifies_files_and_processes_and_unloads_at_the_end() {
     ));
     i.turn_end(&cg.target().session).unwrap();
 
+    // A watched session's turns, begun and ended by its name and cgroup
+    // alone: only while the watch is of that cgroup (the name of a session
+    // gone passes to the next one that takes it).
+    let (name, other) = (
+        cg.target().session,
+        Path::new("/sys/fs/cgroup/unified/another"),
+    );
+    assert!(i.turn_begin_watched(&name, other).is_none());
+    assert!(i.turn_begin_watched("unwatched", &cg.dir).is_none());
+    let begun = i.turn_begin_watched(&name, &cg.dir).unwrap().unwrap();
+    assert!(matches!(
+        i.turn_begin_watched(&name, &cg.dir),
+        Some(Err(InspectError::TurnOpen { turn, .. })) if turn == begun
+    ));
+    assert!(i.turn_end_watched(&name, other).is_none());
+    assert!(i.turn_end_watched("unwatched", &cg.dir).is_none());
+    cg.sh("sleep 100 >/dev/null 2>&1 &");
+    let t = i.turn_end_watched(&name, &cg.dir).unwrap().unwrap();
+    assert_eq!((t.turn, t.class), (begun, TurnClass::Processes), "{t:#?}");
+    assert!(matches!(
+        i.turn_end_watched(&name, &cg.dir),
+        Some(Err(InspectError::NoTurn(_)))
+    ));
+
     assert!(i.loaded());
     i.unwatch(&cg.target().session);
+    assert!(i.turn_begin_watched(&name, &cg.dir).is_none());
     assert!(
         !i.loaded(),
         "the programs unload with the last watched session"

@@ -73,18 +73,55 @@ impl Manager {
         })
     }
 
+    /// Begin the next turn of session `id`, named `name` (both from a record
+    /// the caller read), if the inspector watches it already: no catalog
+    /// read and no blocking, which the coordinator does at every model
+    /// call's answer. `None` if it is not watched (or no longer as that
+    /// session), and the caller takes [`Manager::turn_begin`].
+    pub fn turn_begin_watched(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Option<Result<TurnBegun, SessionError>> {
+        let cgroup = self.cgroup(id);
+        let begun = self
+            .turns
+            .inspector
+            .turn_begin_watched(name, cgroup.v2_dir()?)?;
+        Some(
+            begun
+                .map(|turn| TurnBegun {
+                    session: name.to_owned(),
+                    turn,
+                })
+                .map_err(SessionError::from),
+        )
+    }
+
     /// End the open turn: what it changed, also sent to every `turns` stream.
     pub fn turn_end(&self, id_or_name: &str) -> Result<TurnEffects, SessionError> {
         let rec = self.host.record(id_or_name)?;
-        self.turn_end_of(&rec)
+        self.turn_end_of(&rec.id, &rec.name)
     }
 
-    /// [`Manager::turn_end`] of a session whose record the caller has.
-    pub(crate) fn turn_end_of(
-        &self,
-        rec: &drums_catalog::SessionRecord,
-    ) -> Result<TurnEffects, SessionError> {
-        let effects = self.turns.inspector.turn_end(&rec.name)?;
+    /// [`Manager::turn_end`] of session `id`, named `name`, from a record
+    /// the caller read: the session is looked up again only if the
+    /// inspector does not watch it as that session.
+    pub(crate) fn turn_end_of(&self, id: &str, name: &str) -> Result<TurnEffects, SessionError> {
+        let cgroup = self.cgroup(id);
+        let ended = cgroup
+            .v2_dir()
+            .and_then(|dir| self.turns.inspector.turn_end_watched(name, dir));
+        let effects = match ended {
+            Some(ended) => ended?,
+            // Not watched (no turn: the inspector says so), or the name
+            // is another session's now (this one is gone: the catalog
+            // says so).
+            None => {
+                let rec = self.host.record(id)?;
+                self.turns.inspector.turn_end(&rec.name)?
+            }
+        };
         let _ = self
             .turns
             .news

@@ -122,6 +122,7 @@ impl Sessions for Fake {
     fn end_model_turn(
         self: &Arc<Self>,
         id: &str,
+        _name: &str,
         _req: &EndTurn,
     ) -> impl Future<Output = Result<TurnEffects, SessionError>> + Send {
         let (me, id) = (self.clone(), id.to_owned());
@@ -164,6 +165,11 @@ impl Sessions for Fake {
             session: s.name,
             turn: *t,
         })
+    }
+    fn turn_begin_watched(&self, id: &str, _name: &str) -> Option<Result<TurnBegun, SessionError>> {
+        // As drumsd's: the first begin takes the whole path.
+        let watched = *self.turn.lock().unwrap() > 0;
+        watched.then(|| self.turn_begin(id))
     }
     fn open_turn(&self, _id_or_name: &str) -> Option<u64> {
         Some(*self.turn.lock().unwrap())

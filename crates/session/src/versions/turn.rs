@@ -37,43 +37,43 @@ impl Manager {
         id_or_name: &str,
         req: &drums_api::EndTurn,
     ) -> Result<TurnEffects, SessionError> {
-        self.end_turn_as(id_or_name, req, false).await
+        let rec = self.host.record(id_or_name)?;
+        self.end_turn_as(&rec.id, &rec.name, req, false).await
     }
 
-    /// [`Manager::end_turn`] for a model call through the proxy: the
-    /// session's calls set the pace, so its versions are held to its budget
+    /// [`Manager::end_turn`] for a model call through the proxy, of session
+    /// `id` named `name` (from the record the coordinator read for the
+    /// call, which this does not read again): the session's calls set the
+    /// pace, so its versions are held to its budget
     /// (`--turn-versions-per-minute`). A turn end asked for through the API
     /// is the host's, and is not.
     pub async fn end_model_turn(
         self: &Arc<Self>,
-        id_or_name: &str,
+        id: &str,
+        name: &str,
         req: &drums_api::EndTurn,
     ) -> Result<TurnEffects, SessionError> {
-        self.end_turn_as(id_or_name, req, true).await
+        self.end_turn_as(id, name, req, true).await
     }
 
     async fn end_turn_as(
         self: &Arc<Self>,
-        id_or_name: &str,
+        id: &str,
+        name: &str,
         req: &drums_api::EndTurn,
         budgeted: bool,
     ) -> Result<TurnEffects, SessionError> {
         // The inspector's maps are read on a blocking thread: many sessions
-        // ending turns at once must not stall the runtime's workers. The
-        // session's record is read there once, for the turn and its version.
-        let (me, id) = (self.clone(), id_or_name.to_owned());
-        let (rec, mut effects) = tokio::task::spawn_blocking(move || {
-            let rec = me.host.record(&id)?;
-            let effects = me.turn_end_of(&rec)?;
-            Ok::<_, SessionError>((rec, effects))
-        })
-        .await
-        .expect("turn end does not panic")?;
+        // ending turns at once must not stall the runtime's workers.
+        let (me, rec_id, rec_name) = (self.clone(), id.to_owned(), name.to_owned());
+        let mut effects = tokio::task::spawn_blocking(move || me.turn_end_of(&rec_id, &rec_name))
+            .await
+            .expect("turn end does not panic")?;
         if !req.checkpoint {
             if effects.class != TurnClass::None {
                 // What this turn changed is in no version: the next one must
                 // be whole, and no version before it pairs with what is now.
-                self.versions.set_position(&rec.id, |p| p.needs_full = true);
+                self.versions.set_position(id, |p| p.needs_full = true);
             }
             return Ok(effects);
         }
@@ -88,7 +88,7 @@ impl Manager {
             if policy == Policy::Off && effects.class != TurnClass::None {
                 // What this turn changed is in no version: the next one must
                 // be whole.
-                self.versions.set_position(&rec.id, |p| p.needs_full = true);
+                self.versions.set_position(id, |p| p.needs_full = true);
             }
             effects.checkpoint = Some(ck);
             return Ok(effects);
@@ -98,27 +98,24 @@ impl Manager {
         // into the next one, whole (a recovery meanwhile goes back to the
         // version before and runs the turns since again).
         let granted = match budgeted {
-            true => self
-                .versions
-                .budget()
-                .take(&rec.id, std::time::Instant::now()),
+            true => self.versions.budget().take(id, std::time::Instant::now()),
             false => Ok(()),
         };
         if let Err(wait) = granted {
             debug!(
-                session = %rec.name,
+                session = %name,
                 turn = effects.turn,
                 retry_in = ?wait,
                 "the session's turn ends are over their budget of versions (--turn-versions-per-minute): this one takes none"
             );
-            self.versions.set_position(&rec.id, |p| p.needs_full = true);
+            self.versions.set_position(id, |p| p.needs_full = true);
             ck.decision = "over_budget".into();
             effects.checkpoint = Some(ck);
             return Ok(effects);
         }
         let job = VersionJob {
             taker: self.taker(),
-            session_id: rec.id.clone(),
+            session_id: id.to_owned(),
             turn: Some(effects.turn),
             class: super::JobClass::Turn(effects.class),
             policy,
@@ -132,7 +129,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => {
                 // This turn's changes are in no version now.
-                self.versions.set_position(&rec.id, |p| p.needs_full = true);
+                self.versions.set_position(id, |p| p.needs_full = true);
                 return Err(e.into());
             }
         };
