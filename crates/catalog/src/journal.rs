@@ -186,25 +186,43 @@ impl Catalog {
     /// Returns what the row adds to [`Catalog::exchanges_size`]'s bytes at
     /// most (its headers are counted there in characters, here in bytes).
     pub fn log_exchange(&self, id: &str, x: &Exchange) -> Result<u64> {
+        self.log_exchange_and_record(id, x, None)
+    }
+
+    /// [`Catalog::log_exchange`], and with `record` ((the record, keep)) also
+    /// [`Catalog::log_turn_record`], in one transaction: the coordinator has
+    /// both at once when no version came of the turn, and a commit is most
+    /// of what either costs.
+    pub fn log_exchange_and_record(
+        &self,
+        id: &str,
+        x: &Exchange,
+        record: Option<(&str, u64)>,
+    ) -> Result<u64> {
         let headers = serde_json::to_string(&x.headers).expect("strings serialize");
         let size = (headers.len() + x.body.len()) as u64;
-        self.conn()
-            .exec_cached(
-                "INSERT OR REPLACE INTO llm_exchanges
-                 (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
-                 VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![
-                    id,
-                    x.seq as i64,
-                    x.request_sha,
-                    x.status,
-                    headers,
-                    x.body,
-                    x.version,
-                    crate::now_ms()
-                ],
-            )
-            .map_err(sql("log an exchange"))?;
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(sql("log an exchange"))?;
+        tx.exec_cached(
+            "INSERT OR REPLACE INTO llm_exchanges
+             (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
+             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                id,
+                x.seq as i64,
+                x.request_sha,
+                x.status,
+                headers,
+                x.body,
+                x.version,
+                crate::now_ms()
+            ],
+        )
+        .map_err(sql("log an exchange"))?;
+        if let Some((record, keep)) = record {
+            insert_turn_record(&tx, id, record, keep)?;
+        }
+        tx.commit().map_err(sql("log an exchange"))?;
         Ok(size)
     }
 
@@ -344,21 +362,7 @@ impl Catalog {
     pub fn log_turn_record(&self, id: &str, record: &str, keep: u64) -> Result<()> {
         let mut c = self.conn();
         let tx = c.transaction().map_err(sql("log a turn record"))?;
-        let seq: i64 = tx
-            .row_cached(
-                "INSERT INTO coordinated_turns (session_id, seq, record)
-                 VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM coordinated_turns
-                              WHERE session_id = ?1), ?2)
-                 RETURNING seq",
-                params![id, record],
-                |r| r.get(0),
-            )
-            .map_err(sql("log a turn record"))?;
-        tx.exec_cached(
-            "DELETE FROM coordinated_turns WHERE session_id = ?1 AND seq <= ?2",
-            params![id, seq - keep.min(i64::MAX as u64) as i64],
-        )
-        .map_err(sql("prune turn records"))?;
+        insert_turn_record(&tx, id, record, keep)?;
         tx.commit().map_err(sql("log a turn record"))?;
         Ok(())
     }
@@ -458,6 +462,31 @@ impl Catalog {
     }
 }
 
+/// Add a turn record and prune session `id`'s to the newest `keep`.
+fn insert_turn_record(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    record: &str,
+    keep: u64,
+) -> Result<()> {
+    let seq: i64 = tx
+        .row_cached(
+            "INSERT INTO coordinated_turns (session_id, seq, record)
+             VALUES (?1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM coordinated_turns
+                          WHERE session_id = ?1), ?2)
+             RETURNING seq",
+            params![id, record],
+            |r| r.get(0),
+        )
+        .map_err(sql("log a turn record"))?;
+    tx.exec_cached(
+        "DELETE FROM coordinated_turns WHERE session_id = ?1 AND seq <= ?2",
+        params![id, seq - keep.min(i64::MAX as u64) as i64],
+    )
+    .map_err(sql("prune turn records"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +522,36 @@ mod tests {
         c.coordinate_outside("t").unwrap();
         c.coordinate("t", Some(7)).unwrap();
         assert_eq!(c.agent_of("t").unwrap(), None);
+    }
+
+    #[test]
+    fn an_exchange_and_its_record_commit_together_or_not_at_all() {
+        let c = Catalog::in_memory().unwrap();
+        let added = c
+            .log_exchange_and_record("s", &x(0, "r0", None), Some(("{\"seq\":0}", 2)))
+            .unwrap();
+        assert_eq!(added, c.log_exchange("t", &x(0, "r0", None)).unwrap());
+        assert_eq!(c.exchange("s", 0).unwrap(), Some(x(0, "r0", None)));
+        assert_eq!(c.turn_records("s", 10).unwrap(), vec!["{\"seq\":0}"]);
+        // The records are pruned to `keep` as log_turn_record's are.
+        for i in 1..4 {
+            c.log_exchange_and_record("s", &x(i, "r", None), Some((&i.to_string(), 2)))
+                .unwrap();
+        }
+        assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3"]);
+        // A record that cannot be written takes its exchange back with it.
+        c.conn()
+            .execute_batch(
+                "CREATE TEMP TRIGGER refuse BEFORE INSERT ON coordinated_turns
+                 BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+            )
+            .unwrap();
+        let e = c
+            .log_exchange_and_record("s", &x(4, "r4", None), Some(("4", 2)))
+            .unwrap_err();
+        assert!(format!("{e:?}").contains("injected"), "{e:?}");
+        assert_eq!(c.exchange("s", 4).unwrap(), None);
+        assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3"]);
     }
 
     #[test]

@@ -1054,7 +1054,7 @@ impl<S: Sessions> Coordinator<S> {
         let exchange = self.exchange_of(&mut p, gone);
         let log_first = p.record.version.is_some();
         if let (true, Some(x)) = (log_first, &exchange) {
-            self.write_exchange(&mut p, x);
+            self.write_exchange(&mut p, x, None);
         }
         if let Some(seeking) = p.seeking.take() {
             let _ = seeking.await;
@@ -1100,8 +1100,12 @@ impl<S: Sessions> Coordinator<S> {
         }
         drop(handover);
         let _ = released.await;
+        // With no version, the record is whole now: it goes in the
+        // exchange's commit (one commit a request, not two).
+        let mut recorded = false;
         if let (false, Some(x)) = (log_first, &exchange) {
-            self.write_exchange(&mut p, x);
+            let line = serde_json::to_string(&p.record).expect("API types serialize");
+            recorded = self.write_exchange(&mut p, x, Some(&line));
         }
         if let Some(v) = &p.record.version {
             let costs = self
@@ -1116,13 +1120,15 @@ impl<S: Sessions> Coordinator<S> {
             p.record.version_bytes = sum(|c| c.bytes);
             p.record.version_shared_bytes = sum(|c| c.shared_bytes);
         }
-        let line = serde_json::to_string(&p.record).expect("API types serialize");
-        if let Err(e) =
-            self.log
-                .catalog()
-                .log_turn_record(&p.session.id, &line, self.limits.records)
-        {
-            warn!(session = %p.session.name, "journal: {e}");
+        if !recorded {
+            let line = serde_json::to_string(&p.record).expect("API types serialize");
+            if let Err(e) =
+                self.log
+                    .catalog()
+                    .log_turn_record(&p.session.id, &line, self.limits.records)
+            {
+                warn!(session = %p.session.name, "journal: {e}");
+            }
         }
         self.manager.publish_coordinated(p.record);
         if self.turns.prune_due() {
@@ -1156,9 +1162,13 @@ impl<S: Sessions> Coordinator<S> {
         }
     }
 
-    fn write_exchange(&self, p: &mut Pending, x: &Exchange) {
+    /// Log the exchange, with the request's record `record` (JSON) in the
+    /// same commit if given; whether it was logged.
+    fn write_exchange(&self, p: &mut Pending, x: &Exchange, record: Option<&str>) -> bool {
         let replayed = matches!(p.met, Some(replay::Met::Replayed { .. }));
-        if let Err(e) = self.log.keep(&p.session.id, x, replayed) {
+        let record = record.map(|r| (r, self.limits.records));
+        let kept = self.log.keep(&p.session.id, x, replayed, record);
+        if let Err(e) = &kept {
             // Its place stays taken: a fast-forward through it forks there.
             warn!(session = %p.session.name, "log the exchange: {e}");
             p.record.log = "none".into();
@@ -1173,6 +1183,7 @@ impl<S: Sessions> Coordinator<S> {
             ),
             Err(e) => warn!(session = %p.session.name, "hold the exchange log to its budget: {e}"),
         }
+        kept.is_ok()
     }
 
     /// Hold session `id`'s exchange log to its budget (replay.rs).

@@ -196,16 +196,33 @@ impl Log {
 
     /// Log an answered request (its replay too: the version its turn end
     /// became now, or the one it had).
-    pub fn keep(&self, session: &str, x: &Exchange, replayed: bool) -> Result<(), CatalogError> {
-        let mut x = x.clone();
-        if replayed && x.version.is_none() {
-            x.version = self
+    /// With `record` ((the request's record, how many to keep)), that
+    /// record goes in the same commit.
+    pub fn keep(
+        &self,
+        session: &str,
+        x: &Exchange,
+        replayed: bool,
+        record: Option<(&str, u64)>,
+    ) -> Result<(), CatalogError> {
+        let version = match (replayed, &x.version) {
+            (true, None) => self
                 .catalog
                 .exchange(session, x.seq)?
                 .filter(|old| old.request_sha == x.request_sha)
-                .and_then(|old| old.version);
-        }
-        let added = self.catalog.log_exchange(session, &x)?;
+                .and_then(|old| old.version),
+            _ => None,
+        };
+        let added = match version {
+            Some(version) => {
+                let x = Exchange {
+                    version: Some(version),
+                    ..x.clone()
+                };
+                self.catalog.log_exchange_and_record(session, &x, record)?
+            }
+            None => self.catalog.log_exchange_and_record(session, x, record)?,
+        };
         // A replaced row is counted twice: still a bound.
         if let Some(b) = self.bounds().get_mut(session) {
             b.rows += 1;
@@ -319,7 +336,8 @@ mod tests {
         {
             let sha = format!("r{i}");
             assert!(matches!(log.meet("s", &sha).unwrap(), Met::Live { seq } if seq == i as u64));
-            log.keep("s", &answer(i as u64, &sha, v), false).unwrap();
+            log.keep("s", &answer(i as u64, &sha, v), false, None)
+                .unwrap();
         }
         // Back at v1: requests 1 and 2 come from the log, 3 differs.
         assert_eq!(log.restored("s", "v1").unwrap(), Some(1));
@@ -329,7 +347,7 @@ mod tests {
         ));
         // Its replay is logged again without a version of its own (the
         // first request after a restore ends no turn): it keeps v1.
-        log.keep("s", &answer(1, "r1", None), true).unwrap();
+        log.keep("s", &answer(1, "r1", None), true, None).unwrap();
         assert_eq!(
             log.catalog().exchange_of_version("s", "v1").unwrap(),
             Some(1)
@@ -361,7 +379,8 @@ mod tests {
             let sha = format!("r{i}");
             log.meet("s", &sha).unwrap();
             let v = format!("v{i}");
-            log.keep("s", &answer(i, &sha, Some(&v)), false).unwrap();
+            log.keep("s", &answer(i, &sha, Some(&v)), false, None)
+                .unwrap();
         }
         let budget = JournalBudget {
             rows: 3,
