@@ -190,40 +190,44 @@ impl Catalog {
     }
 
     /// [`Catalog::log_exchange`], and with `record` ((the record, keep)) also
-    /// [`Catalog::log_turn_record`], in one transaction: the coordinator has
-    /// both at once when no version came of the turn, and a commit is most
-    /// of what either costs.
+    /// [`Catalog::log_turn_record`], in one transaction.
     pub fn log_exchange_and_record(
         &self,
         id: &str,
         x: &Exchange,
         record: Option<(&str, u64)>,
     ) -> Result<u64> {
-        let headers = serde_json::to_string(&x.headers).expect("strings serialize");
-        let size = (headers.len() + x.body.len()) as u64;
+        let call = Logged {
+            session: id,
+            exchange: Some(x),
+            record,
+        };
+        self.log_many(&[call])?.pop().expect("one result a call")
+    }
+
+    /// Log many model calls' exchanges and records in one commit: the
+    /// coordinator's journal writer takes whatever is queued, since a
+    /// commit costs more than its rows (WAL frames, locks). Each call is a
+    /// savepoint of its own, so one that fails is taken back alone, whole.
+    /// What each exchange adds to [`Catalog::exchanges_size`]'s bytes at
+    /// most (0 for a record alone), or why that call failed; `Err` if the
+    /// commit did (then none of them is logged).
+    pub fn log_many(&self, calls: &[Logged<'_>]) -> Result<Vec<Result<u64>>> {
         let mut c = self.conn();
-        let tx = c.transaction().map_err(sql("log an exchange"))?;
-        tx.exec_cached(
-            "INSERT OR REPLACE INTO llm_exchanges
-             (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
-             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                id,
-                x.seq as i64,
-                x.request_sha,
-                x.status,
-                headers,
-                x.body,
-                x.version,
-                crate::now_ms()
-            ],
-        )
-        .map_err(sql("log an exchange"))?;
-        if let Some((record, keep)) = record {
-            insert_turn_record(&tx, id, record, keep)?;
+        let mut tx = c.transaction().map_err(sql("log model calls"))?;
+        let mut done = Vec::with_capacity(calls.len());
+        for call in calls {
+            let mut sp = tx.savepoint().map_err(sql("log model calls"))?;
+            let logged = log_call(&sp, call);
+            if logged.is_ok() {
+                sp.commit().map_err(sql("log model calls"))?;
+            } else {
+                sp.rollback().map_err(sql("log model calls"))?;
+            }
+            done.push(logged);
         }
-        tx.commit().map_err(sql("log an exchange"))?;
-        Ok(size)
+        tx.commit().map_err(sql("log model calls"))?;
+        Ok(done)
     }
 
     /// The live log's entry `seq` of session `id`.
@@ -462,13 +466,45 @@ impl Catalog {
     }
 }
 
+/// One model call for [`Catalog::log_many`]: its exchange, its record
+/// ((the record, how many of the session's to keep)), or both.
+#[derive(Debug, Clone, Copy)]
+pub struct Logged<'a> {
+    pub session: &'a str,
+    pub exchange: Option<&'a Exchange>,
+    pub record: Option<(&'a str, u64)>,
+}
+
+fn log_call(tx: &rusqlite::Connection, call: &Logged<'_>) -> Result<u64> {
+    let mut size = 0;
+    if let Some(x) = call.exchange {
+        let headers = serde_json::to_string(&x.headers).expect("strings serialize");
+        size = (headers.len() + x.body.len()) as u64;
+        tx.exec_cached(
+            "INSERT OR REPLACE INTO llm_exchanges
+             (session_id, branch, seq, request_sha, status, headers, body, version, at_ms)
+             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                call.session,
+                x.seq as i64,
+                x.request_sha,
+                x.status,
+                headers,
+                x.body,
+                x.version,
+                crate::now_ms()
+            ],
+        )
+        .map_err(sql("log an exchange"))?;
+    }
+    if let Some((record, keep)) = call.record {
+        insert_turn_record(tx, call.session, record, keep)?;
+    }
+    Ok(size)
+}
+
 /// Add a turn record and prune session `id`'s to the newest `keep`.
-fn insert_turn_record(
-    tx: &rusqlite::Transaction<'_>,
-    id: &str,
-    record: &str,
-    keep: u64,
-) -> Result<()> {
+fn insert_turn_record(tx: &rusqlite::Connection, id: &str, record: &str, keep: u64) -> Result<()> {
     let seq: i64 = tx
         .row_cached(
             "INSERT INTO coordinated_turns (session_id, seq, record)
@@ -539,10 +575,45 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3"]);
-        // A record that cannot be written takes its exchange back with it.
+        // A record that cannot be written takes its exchange back with it,
+        // and only its own: the calls logged with it stay.
         c.conn()
             .execute_batch(
                 "CREATE TEMP TRIGGER refuse BEFORE INSERT ON coordinated_turns
+                 WHEN NEW.record = 'bad' BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+            )
+            .unwrap();
+        let (a, b) = (x(10, "a", None), x(11, "b", None));
+        let done = c
+            .log_many(&[
+                Logged {
+                    session: "u",
+                    exchange: Some(&a),
+                    record: Some(("fine", 9)),
+                },
+                Logged {
+                    session: "u",
+                    exchange: Some(&b),
+                    record: Some(("bad", 9)),
+                },
+                Logged {
+                    session: "u",
+                    exchange: None,
+                    record: Some(("alone", 9)),
+                },
+            ])
+            .unwrap();
+        assert!(
+            matches!(done[..], [Ok(n), Err(_), Ok(0)] if n > 0),
+            "{done:?}"
+        );
+        assert_eq!(c.exchange("u", 10).unwrap(), Some(a));
+        assert_eq!(c.exchange("u", 11).unwrap(), None);
+        assert_eq!(c.turn_records("u", 10).unwrap(), vec!["fine", "alone"]);
+        c.conn()
+            .execute_batch(
+                "DROP TRIGGER refuse;
+                 CREATE TEMP TRIGGER refuse BEFORE INSERT ON coordinated_turns
                  BEGIN SELECT RAISE(ABORT, 'injected'); END;",
             )
             .unwrap();

@@ -21,7 +21,7 @@ mod pools;
 mod versions;
 pub use drums_api::{Egress, Network, Profile, SessionState, VersionState};
 pub use images::{ImageRow, LayerRow};
-pub use journal::{Command, Exchange};
+pub use journal::{Command, Exchange, Logged};
 pub use pools::{PoolRecord, MAX_POOL_SIZE};
 pub use versions::VersionRecord;
 

@@ -26,6 +26,7 @@ mod sse;
 mod turns;
 pub mod upstream;
 mod watch;
+mod writer;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -1054,7 +1055,7 @@ impl<S: Sessions> Coordinator<S> {
         let exchange = self.exchange_of(&mut p, gone);
         let log_first = p.record.version.is_some();
         if let (true, Some(x)) = (log_first, &exchange) {
-            self.write_exchange(&mut p, x, None);
+            self.write_exchange(&mut p, x, None).await;
         }
         if let Some(seeking) = p.seeking.take() {
             let _ = seeking.await;
@@ -1105,7 +1106,7 @@ impl<S: Sessions> Coordinator<S> {
         let mut recorded = false;
         if let (false, Some(x)) = (log_first, &exchange) {
             let line = serde_json::to_string(&p.record).expect("API types serialize");
-            recorded = self.write_exchange(&mut p, x, Some(&line));
+            recorded = self.write_exchange(&mut p, x, Some(line)).await;
         }
         if let Some(v) = &p.record.version {
             let costs = self
@@ -1122,11 +1123,11 @@ impl<S: Sessions> Coordinator<S> {
         }
         if !recorded {
             let line = serde_json::to_string(&p.record).expect("API types serialize");
-            if let Err(e) =
-                self.log
-                    .catalog()
-                    .log_turn_record(&p.session.id, &line, self.limits.records)
-            {
+            let kept = self
+                .log
+                .record(&p.session.id, line, self.limits.records)
+                .await;
+            if let Err(e) = kept {
                 warn!(session = %p.session.name, "journal: {e}");
             }
         }
@@ -1164,10 +1165,10 @@ impl<S: Sessions> Coordinator<S> {
 
     /// Log the exchange, with the request's record `record` (JSON) in the
     /// same commit if given; whether it was logged.
-    fn write_exchange(&self, p: &mut Pending, x: &Exchange, record: Option<&str>) -> bool {
+    async fn write_exchange(&self, p: &mut Pending, x: &Exchange, record: Option<String>) -> bool {
         let replayed = matches!(p.met, Some(replay::Met::Replayed { .. }));
         let record = record.map(|r| (r, self.limits.records));
-        let kept = self.log.keep(&p.session.id, x, replayed, record);
+        let kept = self.log.keep(&p.session.id, x, replayed, record).await;
         if let Err(e) = &kept {
             // Its place stays taken: a fast-forward through it forks there.
             warn!(session = %p.session.name, "log the exchange: {e}");

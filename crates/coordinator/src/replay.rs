@@ -16,6 +16,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use drums_catalog::{Catalog, CatalogError, Exchange};
+
+use crate::writer::Call;
 use sha2::{Digest, Sha256};
 
 /// How a request met its session's log.
@@ -56,6 +58,7 @@ struct Cursor {
 
 pub struct Log {
     catalog: Arc<Catalog>,
+    writer: crate::writer::Writer,
     cursors: Mutex<HashMap<String, Cursor>>,
     /// Sessions whose log was still over its budget after pruning.
     full: Mutex<HashSet<String>>,
@@ -109,6 +112,7 @@ pub fn request_sha(method: &str, path: &str, body: &[u8]) -> String {
 impl Log {
     pub fn new(catalog: Arc<Catalog>) -> Log {
         Log {
+            writer: crate::writer::Writer::start(catalog.clone()),
             catalog,
             cursors: Mutex::default(),
             full: Mutex::default(),
@@ -197,38 +201,54 @@ impl Log {
     /// Log an answered request (its replay too: the version its turn end
     /// became now, or the one it had).
     /// With `record` ((the request's record, how many to keep)), that
-    /// record goes in the same commit.
-    pub fn keep(
+    /// record goes in the same commit (writer.rs).
+    pub async fn keep(
         &self,
         session: &str,
         x: &Exchange,
         replayed: bool,
-        record: Option<(&str, u64)>,
+        record: Option<(String, u64)>,
     ) -> Result<(), CatalogError> {
-        let version = match (replayed, &x.version) {
-            (true, None) => self
+        let mut x = x.clone();
+        if replayed && x.version.is_none() {
+            x.version = self
                 .catalog
                 .exchange(session, x.seq)?
                 .filter(|old| old.request_sha == x.request_sha)
-                .and_then(|old| old.version),
-            _ => None,
-        };
-        let added = match version {
-            Some(version) => {
-                let x = Exchange {
-                    version: Some(version),
-                    ..x.clone()
-                };
-                self.catalog.log_exchange_and_record(session, &x, record)?
-            }
-            None => self.catalog.log_exchange_and_record(session, x, record)?,
-        };
+                .and_then(|old| old.version);
+        }
+        let added = self
+            .writer
+            .log(Call {
+                session: session.to_owned(),
+                exchange: Some(x),
+                record,
+            })
+            .await?;
         // A replaced row is counted twice: still a bound.
         if let Some(b) = self.bounds().get_mut(session) {
             b.rows += 1;
             b.bytes += added;
         }
         Ok(())
+    }
+
+    /// Keep a request's record alone (no exchange of it is logged),
+    /// committed with whatever else is queued.
+    pub async fn record(
+        &self,
+        session: &str,
+        record: String,
+        keep: u64,
+    ) -> Result<(), CatalogError> {
+        self.writer
+            .log(Call {
+                session: session.to_owned(),
+                exchange: None,
+                record: Some((record, keep)),
+            })
+            .await
+            .map(drop)
     }
 
     pub fn forget(&self, session: &str) {
@@ -315,6 +335,7 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::executor::block_on;
 
     fn answer(seq: u64, sha: &str, version: Option<&str>) -> Exchange {
         Exchange {
@@ -336,8 +357,7 @@ mod tests {
         {
             let sha = format!("r{i}");
             assert!(matches!(log.meet("s", &sha).unwrap(), Met::Live { seq } if seq == i as u64));
-            log.keep("s", &answer(i as u64, &sha, v), false, None)
-                .unwrap();
+            block_on(log.keep("s", &answer(i as u64, &sha, v), false, None)).unwrap();
         }
         // Back at v1: requests 1 and 2 come from the log, 3 differs.
         assert_eq!(log.restored("s", "v1").unwrap(), Some(1));
@@ -347,7 +367,7 @@ mod tests {
         ));
         // Its replay is logged again without a version of its own (the
         // first request after a restore ends no turn): it keeps v1.
-        log.keep("s", &answer(1, "r1", None), true, None).unwrap();
+        block_on(log.keep("s", &answer(1, "r1", None), true, None)).unwrap();
         assert_eq!(
             log.catalog().exchange_of_version("s", "v1").unwrap(),
             Some(1)
@@ -379,8 +399,7 @@ mod tests {
             let sha = format!("r{i}");
             log.meet("s", &sha).unwrap();
             let v = format!("v{i}");
-            log.keep("s", &answer(i, &sha, Some(&v)), false, None)
-                .unwrap();
+            block_on(log.keep("s", &answer(i, &sha, Some(&v)), false, None)).unwrap();
         }
         let budget = JournalBudget {
             rows: 3,
