@@ -65,7 +65,9 @@ t0=$(ticks)
 perf record -q -F 999 --call-graph dwarf,16384 -p "$pid" -o "$work/perf.data" -- sleep "$secs" 2>/dev/null
 t1=$(ticks)
 echo "profile-proxy: drumsd used $(( (t1 - t0) * 1000 / $(getconf CLK_TCK) )) ms of CPU in ${secs} s (perf's own cost included)" >&2
-kill -INT "$bench" 2>/dev/null || true
+# TERM, not INT: bash starts a background job of a script with SIGINT
+# ignored.
+kill -TERM "$bench" 2>/dev/null || true
 wait "$bench" 2>/dev/null || true
 perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"${out%.svg}.folded"
 inferno-flamegraph --title "drumsd at the turn boundary (drums bench proxy, ${title}, ${secs} s)" \
