@@ -186,23 +186,11 @@ impl Catalog {
     /// Returns what the row adds to [`Catalog::exchanges_size`]'s bytes at
     /// most (its headers are counted there in characters, here in bytes).
     pub fn log_exchange(&self, id: &str, x: &Exchange) -> Result<u64> {
-        self.log_exchange_and_record(id, x, None)
-    }
-
-    /// [`Catalog::log_exchange`], and with `record` ((the record, keep)) also
-    /// [`Catalog::log_turn_record`], in one transaction.
-    pub fn log_exchange_and_record(
-        &self,
-        id: &str,
-        x: &Exchange,
-        record: Option<(&str, u64)>,
-    ) -> Result<u64> {
-        let call = Logged {
+        self.log_one(Logged {
             session: id,
             exchange: Some(x),
-            record,
-        };
-        self.log_many(&[call])?.pop().expect("one result a call")
+            record: None,
+        })
     }
 
     /// Log many model calls' exchanges and records in one commit: the
@@ -364,11 +352,16 @@ impl Catalog {
     /// a session making model calls for days must not grow the catalog
     /// without bound.
     pub fn log_turn_record(&self, id: &str, record: &str, keep: u64) -> Result<()> {
-        let mut c = self.conn();
-        let tx = c.transaction().map_err(sql("log a turn record"))?;
-        insert_turn_record(&tx, id, record, keep)?;
-        tx.commit().map_err(sql("log a turn record"))?;
-        Ok(())
+        self.log_one(Logged {
+            session: id,
+            exchange: None,
+            record: Some((record, keep)),
+        })
+        .map(drop)
+    }
+
+    fn log_one(&self, call: Logged<'_>) -> Result<u64> {
+        self.log_many(&[call])?.pop().expect("one result a call")
     }
 
     /// The last `limit` records of session `id`'s requests, oldest first.
@@ -563,16 +556,21 @@ mod tests {
     #[test]
     fn an_exchange_and_its_record_commit_together_or_not_at_all() {
         let c = Catalog::in_memory().unwrap();
-        let added = c
-            .log_exchange_and_record("s", &x(0, "r0", None), Some(("{\"seq\":0}", 2)))
-            .unwrap();
+        fn one(c: &Catalog, session: &str, x: &Exchange, record: (&str, u64)) -> Result<u64> {
+            let call = Logged {
+                session,
+                exchange: Some(x),
+                record: Some(record),
+            };
+            c.log_many(&[call]).unwrap().pop().unwrap()
+        }
+        let added = one(&c, "s", &x(0, "r0", None), ("{\"seq\":0}", 2)).unwrap();
         assert_eq!(added, c.log_exchange("t", &x(0, "r0", None)).unwrap());
         assert_eq!(c.exchange("s", 0).unwrap(), Some(x(0, "r0", None)));
         assert_eq!(c.turn_records("s", 10).unwrap(), vec!["{\"seq\":0}"]);
         // The records are pruned to `keep` as log_turn_record's are.
         for i in 1..4 {
-            c.log_exchange_and_record("s", &x(i, "r", None), Some((&i.to_string(), 2)))
-                .unwrap();
+            one(&c, "s", &x(i, "r", None), (&i.to_string(), 2)).unwrap();
         }
         assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3"]);
         // A record that cannot be written takes its exchange back with it,
@@ -617,9 +615,7 @@ mod tests {
                  BEGIN SELECT RAISE(ABORT, 'injected'); END;",
             )
             .unwrap();
-        let e = c
-            .log_exchange_and_record("s", &x(4, "r4", None), Some(("4", 2)))
-            .unwrap_err();
+        let e = one(&c, "s", &x(4, "r4", None), ("4", 2)).unwrap_err();
         assert!(format!("{e:?}").contains("injected"), "{e:?}");
         assert_eq!(c.exchange("s", 4).unwrap(), None);
         assert_eq!(c.turn_records("s", 10).unwrap(), vec!["2", "3"]);
