@@ -65,10 +65,11 @@ impl Manager {
     ) -> Result<TurnEffects, SessionError> {
         // The inspector's maps are read on a blocking thread: many sessions
         // ending turns at once must not stall the runtime's workers.
-        let (me, rec_id, rec_name) = (self.clone(), id.to_owned(), name.to_owned());
-        let mut effects = tokio::task::spawn_blocking(move || me.turn_end_of(&rec_id, &rec_name))
-            .await
-            .expect("turn end does not panic")?;
+        let (me, owned_id, owned_name) = (self.clone(), id.to_owned(), name.to_owned());
+        let mut effects =
+            tokio::task::spawn_blocking(move || me.turn_end_of(&owned_id, &owned_name))
+                .await
+                .expect("turn end does not panic")?;
         if !req.checkpoint {
             if effects.class != TurnClass::None {
                 // What this turn changed is in no version: the next one must
