@@ -349,14 +349,19 @@ fn sweep_work_dirs() {
 }
 
 /// Correct: the run ended without error, its check passed, and what it
-/// left equals the fault-free run's.
+/// left equals the fault-free run's. A run that left something else says
+/// where (`differs`), so that a failure can be read from the report.
 fn judge(runs: &mut [RunResult], reference: &HashMap<String, run::Observation>) {
     for r in runs {
+        r.differs = match (&r.observed, reference.get(&r.trace)) {
+            (Some(o), Some(want)) => o.first_difference(want),
+            (Some(_), None) => Some("the fault-free run left no state to compare".into()),
+            (None, _) => None,
+        };
         r.correct = Some(
             r.error.is_none()
-                && r.observed
-                    .as_ref()
-                    .is_some_and(|o| o.check == "1" && reference.get(&r.trace) == Some(o)),
+                && r.differs.is_none()
+                && r.observed.as_ref().is_some_and(|o| o.check == "1"),
         );
     }
 }

@@ -480,6 +480,12 @@ fn tally(
                 .iter()
                 .map(|e| format!("{} (seed {}): {e}", r.trace, r.seed)),
         );
+        t.errors.extend(r.differs.iter().map(|d| {
+            format!(
+                "{} (seed {}): it left another state than the fault-free run: {d}",
+                r.trace, r.seed
+            )
+        }));
         t.bytes += r.bytes;
         *t.bytes_by_need.entry(r.needs).or_default() += r.bytes;
         t.shared += r.shared_bytes;

@@ -88,6 +88,40 @@ pub struct Observation {
     pub check: String,
 }
 
+impl Observation {
+    /// The first line where `self` differs from `reference`, and in which
+    /// part (None when they are equal).
+    pub fn first_difference(&self, reference: &Observation) -> Option<String> {
+        let parts = [
+            ("files", &self.files, &reference.files),
+            ("processes", &self.processes, &reference.processes),
+            ("observe", &self.observe, &reference.observe),
+            ("check", &self.check, &reference.check),
+        ];
+        parts.into_iter().find_map(|(part, got, want)| {
+            let mut got_lines = got.lines();
+            let mut want_lines = want.lines();
+            for n in 1.. {
+                match (want_lines.next(), got_lines.next()) {
+                    (None, None) => return None,
+                    (w, g) if w == g => continue,
+                    (w, g) => {
+                        let show = |l: Option<&str>| {
+                            l.map_or("(nothing)".to_owned(), |l| format!("`{}`", clip(l)))
+                        };
+                        return Some(format!(
+                            "{part}, line {n}: the fault-free run has {}, this run {}",
+                            show(w),
+                            show(g)
+                        ));
+                    }
+                }
+            }
+            None
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     /// `reference` (fault-free, checkpoint-free) or the strategy's name.
@@ -108,6 +142,9 @@ pub struct RunResult {
     /// The check passed and the state equals the fault-free run's.
     pub correct: Option<bool>,
     pub error: Option<String>,
+    /// Where the state it left first differs from the fault-free run's,
+    /// when it does: why a run whose check passed is still not correct.
+    pub differs: Option<String>,
 }
 
 /// One run to make: a trace, under a strategy (none: the reference), with
@@ -159,6 +196,7 @@ pub async fn run(mock: &Mock, h: &Handle, d: Option<&mut Drumsd>, job: &Job<'_>)
         observed: None,
         correct: None,
         error: None,
+        differs: None,
     };
     let mut cx = Ctx {
         mock,
@@ -902,6 +940,31 @@ fn clip(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_that_differs_says_where() {
+        let o = |files: &str, processes: &str| Observation {
+            files: files.into(),
+            processes: processes.into(),
+            observe: String::new(),
+            check: "1".into(),
+        };
+        let want = o("D a 0o755\nF a/b 0o644 3 ab\n", "python3 server.py\n");
+        assert_eq!(want.first_difference(&want), None);
+        let d = o("D a 0o755\nF a/b 0o644 4 cd\n", "python3 server.py\n")
+            .first_difference(&want)
+            .unwrap();
+        assert!(d.starts_with("files, line 2:"), "{d}");
+        assert!(
+            d.contains("`F a/b 0o644 3 ab`") && d.contains("`F a/b 0o644 4 cd`"),
+            "{d}"
+        );
+        let d = o(&want.files, "").first_difference(&want).unwrap();
+        assert_eq!(
+            d,
+            "processes, line 1: the fault-free run has `python3 server.py`, this run (nothing)"
+        );
+    }
 
     /// A hostile session's done-file that is a symlink to a file of the
     /// host's is resolved inside the session, where it names nothing.
