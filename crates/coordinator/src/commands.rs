@@ -159,21 +159,35 @@ impl<S: Sessions> Coordinator<S> {
         &self.limits
     }
 
-    /// Session `id` was recovered: an agent outside it has its commands
-    /// since the version run again, in order, their output dropped (their
-    /// caller had it); then any waiting exec re-issues its own.
+    /// Session `id` is being recovered: until the recovery's commands have
+    /// run again (`after_recovery`), or the recovery failed (`gate`
+    /// dropped), its agent's execs wait ([`Coordinator::replayed`]).
+    pub(crate) fn recovering(&self, id: &str) -> crate::replays::Gate {
+        self.replays.close(id)
+    }
+
+    /// Until session `id` is neither being recovered nor having its
+    /// commands run again after a recovery: an exec or a file read of its
+    /// agent's then sees the state the agent had (replays.rs).
+    pub async fn replayed(&self, id: &str) {
+        self.replays.wait(id).await
+    }
+
+    /// Session `id` was recovered (under `gate`): an agent outside it has
+    /// its commands since the version run again, in order, their output
+    /// dropped (their caller had it); then any waiting exec re-issues its
+    /// own, and new ones go on (the gate opens).
     ///
     /// They run in a task of the session's own, bounded by the re-issue
     /// limits: the session's guest is hostile, and a guest that never
     /// answers or a command that prints forever must not hold the watch,
     /// which recovers every other session (docs/security.md). A newer
-    /// recovery of the same session replaces a run still under way (the
+    /// recovery of the same session stops a run still under way (the
     /// guest it talked to is gone).
-    pub(crate) fn after_recovery(self: &Arc<Self>, id: &str) {
+    pub(crate) fn after_recovery(self: &Arc<Self>, id: &str, gate: crate::replays::Gate) {
         let me = self.clone();
         let sid = id.to_owned();
-        // Held until the task is listed, so that it cannot finish first.
-        let mut replays = self.replays.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = gate.ticket();
         let task = tokio::spawn(async move {
             let lives_in = me.log.catalog().agent_of(&sid).ok().flatten().is_some();
             let failed = if lives_in {
@@ -195,16 +209,11 @@ impl<S: Sessions> Coordinator<S> {
             r.count += 1;
             r.failed = failed;
             drop(all);
-            // Unless a newer recovery's run took its place meanwhile.
-            let mine = tokio::task::id();
-            let mut replays = me.replays.lock().unwrap_or_else(|p| p.into_inner());
-            if replays.get(&sid).is_some_and(|h| h.id() == mine) {
-                replays.remove(&sid);
-            }
+            // Opened after the count moved: a re-issuing exec and a new one
+            // both see this recovery done.
+            drop(gate);
         });
-        if let Some(old) = replays.insert(id.to_owned(), task.abort_handle()) {
-            old.abort();
-        }
+        self.replays.running(&ticket, task.abort_handle());
     }
 
     async fn replay_commands(&self, id: &str) -> Result<(), ReplayError> {

@@ -20,6 +20,7 @@ mod budget;
 pub mod commands;
 mod limits;
 mod replay;
+mod replays;
 pub mod replicas;
 mod sessions;
 mod sse;
@@ -115,9 +116,10 @@ pub struct Coordinator<S: Sessions = Manager> {
     /// Per session: recoveries done, and how the last one's commands ran
     /// again (commands.rs).
     recovered: std::sync::Mutex<std::collections::HashMap<String, commands::Recovered>>,
-    /// Per session: the task running its commands again after a recovery,
-    /// off the watch's path (commands.rs).
-    replays: std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>,
+    /// Per session: the recovery under way, and the task running its
+    /// commands again after it, off the watch's path (commands.rs); execs
+    /// wait for both (replays.rs).
+    replays: replays::Replays,
     /// What one session may make the coordinator do (drumsd's flags).
     limits: Limits,
     /// Per session: whether an agent outside coordinates it (the journal's
@@ -361,7 +363,11 @@ impl<S: Sessions> Coordinator<S> {
 
     /// Watch the coordinated sessions and recover the ones that fail
     /// (watch.rs), until drumsd stops.
+    /// Sessions this drumsd recovered at its start (their processes died
+    /// with the previous one) are gated before it returns, so before
+    /// drumsd serves an exec of theirs (replays.rs).
     pub fn spawn_watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        watch::restored_at_start(self);
         tokio::spawn(watch::run(Arc::downgrade(self)))
     }
 

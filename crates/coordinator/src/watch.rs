@@ -42,6 +42,18 @@ const LIST_EVERY: u64 = 10;
 /// into the same failure forever.
 const TRIES: u32 = 3;
 
+/// Sessions a restarted drumsd recovered at its start (their processes
+/// died with the previous one): an agent outside has its commands since
+/// the version run again, as after a recovery by the watch, each in a task
+/// of its own with the same bounds.
+pub(crate) fn restored_at_start<S: Sessions>(c: &Arc<Coordinator<S>>) {
+    for (id, agent) in c.log.catalog().coordinated().unwrap_or_default() {
+        if agent.is_none() && c.manager.take_restored(&id).is_some() {
+            c.after_recovery(&id, c.recovering(&id));
+        }
+    }
+}
+
 pub(crate) async fn run<S: Sessions>(c: Weak<Coordinator<S>>) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -55,17 +67,6 @@ pub(crate) async fn run<S: Sessions>(c: Weak<Coordinator<S>>) {
     let mut last: HashMap<String, (Instant, u32)> = HashMap::new();
     // Sessions whose recovery (a task of its own) is under way.
     let recovering: Arc<Mutex<HashSet<String>>> = Arc::default();
-    // Sessions a restarted drumsd recovered at its start (their processes
-    // died with the previous one): an agent outside has its commands since
-    // the version run again, as after a recovery by this watch, each in a
-    // task of its own with the same bounds.
-    if let Some(c) = c.upgrade() {
-        for (id, agent) in c.log.catalog().coordinated().unwrap_or_default() {
-            if agent.is_none() && c.manager.take_restored(&id).is_some() {
-                c.after_recovery(&id);
-            }
-        }
-    }
     // Per session: its init as last seen (pid, start time), so that a tick
     // reads /proc, not the catalog, while all is well.
     let mut inits: HashMap<String, Option<(i32, u64)>> = HashMap::new();
@@ -196,10 +197,14 @@ async fn recover<S: Sessions>(c: &Arc<Coordinator<S>>, id: &str, why: &str, oom:
             return;
         }
     }
+    // Its agent's execs wait from here: the session is neither what it was
+    // nor yet what its agent had (replays.rs). A failed recovery drops the
+    // gate, and they go on to the guest that is not there, as before.
+    let gate = c.recovering(id);
     match c.manager.recover(id).await {
         Ok(s) => {
             info!(session = %s.name, "{why}: recovered by the coordinator");
-            c.after_recovery(id);
+            c.after_recovery(id, gate);
         }
         // A rollback or another recovery got there first.
         Err(SessionError::Conflict(_)) => {}

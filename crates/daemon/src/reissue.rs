@@ -67,6 +67,8 @@ pub async fn exec(
             format!("exec request: {e}"),
         )
     })?;
+    // Not beside the commands a recovery runs again: after them.
+    replayed(&c, &session).await?;
     let text = String::from_utf8_lossy(&body).into_owned();
     let seq = c.command_begins(&session.id, &text).map_err(|e| {
         ApiError::new(
@@ -104,6 +106,24 @@ pub async fn exec(
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .body(Body::from_stream(stream))
         .expect("a valid response"))
+}
+
+/// Until session `s` is not being recovered, nor having its commands since
+/// the version run again: what its agent does next sees the state it had
+/// (drums_coordinator's `replays`). Bounded as a re-issue's wait is.
+pub async fn replayed(c: &Coordinator, s: &Session) -> Result<(), ApiError> {
+    tokio::time::timeout(RECOVERY_WAIT, c.replayed(&s.id))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                format!(
+                    "session {} is still being recovered after {RECOVERY_WAIT:?}: its commands since the version have not all run again",
+                    s.name
+                ),
+            )
+        })
 }
 
 /// One attempt: the guest's answer, and the count that keeps versions with

@@ -613,9 +613,16 @@ async fn exec(
 /// without the session prefix.
 async fn to_guest(
     State(m): State<AppState>,
+    axum::Extension(c): axum::Extension<Arc<drums_coordinator::Coordinator>>,
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Response> {
+    // An agent outside reads its files after a recovery's commands ran
+    // again, as its execs run after them (reissue.rs).
+    let session = m.get(&id)?;
+    if c.coordinates(&session.id) {
+        crate::reissue::replayed(&c, &session).await?;
+    }
     let tail = req
         .uri()
         .path()

@@ -985,3 +985,120 @@ async fn an_agent_outside_its_session_never_sees_five_failures() {
     }
     d.stop_and_check_leaks();
 }
+
+/// After a recovery, an agent outside its session does not act beside the
+/// commands the coordinator runs again (the agent's since the version):
+/// its exec and its file read, sent as soon as the session is back, wait
+/// for them, and see the state the agent had. The command run again
+/// sleeps 3 s before its write, so that both requests arrive in the
+/// middle of it; an exec that ran at once found no file (a state the agent
+/// never had), which `drums eval` caught as a stray process in 1 run of 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_after_a_recovery_waits_for_the_commands_run_again() {
+    let mock = Mock::start();
+    let d = TestDaemon::start_with(&["--llm-upstream", &format!("openai={}", mock.url())]);
+    let s = d
+        .create(&CreateSession {
+            name: Some("gated".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // An agent outside: its first model call takes the base version.
+    assert_eq!(
+        model_call(d.proxy_local, "gated", "with-delay-100", "go"),
+        "echo: go"
+    );
+    let now_s = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    // Quick now; slow when run again, after `at`.
+    let at = now_s() + 2;
+    let (code, out, err) = d.sh(
+        "gated",
+        &format!(
+            "mkdir -p /root/work && if [ $(date +%s) -gt {at} ]; then sleep 3; fi; echo line >> /root/work/log && wc -l < /root/work/log"
+        ),
+    );
+    assert_eq!((code, out.as_str()), (0, "1"), "{err}");
+    while now_s() <= at + 1 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let old = s.init_pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Back: a new init (the coordinator's watch recovered it from the base
+    // version, which has no /root/work); its command is being run again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now: drums_api::Session = d
+            .client
+            .json(Method::GET, "/v1/sessions/gated", None::<&()>)
+            .await
+            .unwrap();
+        if now.state == drums_api::SessionState::Running && now.init_pid.is_some_and(|p| p != old) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not recovered:\n{}", d.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !d.log().contains("ran the commands since the version again"),
+        "the command ran again before the requests were sent: the test proves nothing\n{}",
+        d.log()
+    );
+    let state = d.state.path().to_owned();
+    let exec = tokio::task::spawn_blocking(move || {
+        exec_in(
+            &state,
+            "gated",
+            "cat /root/work/log; wc -l < /root/work/log",
+        )
+    });
+    let read = async {
+        let req = hyper::Request::builder()
+            .method(Method::GET)
+            .uri(format!("/v1/sessions/{}/files?path=/root/work/log", s.id))
+            .header("host", "drums")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = d.client.send(req).await.unwrap();
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (exec, read) = tokio::join!(exec, read);
+    let (code, out, err) = exec.unwrap();
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "line\n1"),
+        "the exec after the recovery: {err}\n{}",
+        d.log()
+    );
+    assert_eq!(
+        (read.0.as_u16(), read.1.as_str()),
+        (200, "line\n"),
+        "the file read after the recovery\n{}",
+        d.log()
+    );
+    assert_eq!(
+        d.log()
+            .matches("ran the commands since the version again")
+            .count(),
+        1,
+        "{}",
+        d.log()
+    );
+    let mut d = d;
+    d.rm("gated").await.unwrap();
+    d.stop_and_check_leaks();
+}
