@@ -618,11 +618,11 @@ async fn to_guest(
     req: Request,
 ) -> Result<Response> {
     // An agent outside reads its files after a recovery's commands ran
-    // again, as its execs run after them (reissue.rs).
-    let session = m.get(&id)?;
-    if c.coordinates(&session.id) {
-        crate::reissue::replayed(&c, &session).await?;
-    }
+    // again, as its execs run after them (reissue.rs). Only a coordinated
+    // session is ever gated, so no need to ask whether this one is (a read
+    // of the journal); the guest's session is read again after the wait,
+    // as a recovery may have changed it.
+    crate::reissue::replayed(&c, &m.get(&id)?).await?;
     let tail = req
         .uri()
         .path()
