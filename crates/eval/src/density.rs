@@ -54,8 +54,57 @@ pub struct DensityResult {
     pub exposed_p95: f64,
     /// Selective over checkpoint-free: the sum of the sessions' times.
     pub time_ratio: f64,
+    /// The selective arm's exposed delay by what each request's turn end
+    /// took (`first` for a session's first request): where a high p95
+    /// comes from.
+    pub by_decision: Vec<Exposure>,
     pub selective: Arm,
     pub off: Arm,
+}
+
+/// The exposed delay of the requests whose turn end took one thing.
+#[derive(Debug, Clone, Serialize)]
+pub struct Exposure {
+    pub decision: String,
+    pub requests: usize,
+    pub p50: f64,
+    pub p95: f64,
+    /// Of their release, the hold for the version: mean, ms.
+    pub held_ms_mean: f64,
+    pub release_ms_mean: f64,
+}
+
+/// Exposure by decision, the largest p95 first.
+fn by_decision(runs: &[RunResult]) -> Vec<Exposure> {
+    let mut groups: std::collections::BTreeMap<String, Vec<&run::TurnRow>> = Default::default();
+    for t in runs.iter().flat_map(|r| r.turns.iter()) {
+        if t.turn_ms <= 0.0 {
+            continue;
+        }
+        let key = if t.request == 0 {
+            "first".to_string()
+        } else {
+            t.decision.clone().unwrap_or_else(|| "-".into())
+        };
+        groups.entry(key).or_default().push(t);
+    }
+    let mut out: Vec<Exposure> = groups
+        .into_iter()
+        .map(|(decision, ts)| {
+            let shares = drums_bench::stats::sorted(ts.iter().map(|t| t.release_ms / t.turn_ms));
+            let n = ts.len() as f64;
+            Exposure {
+                decision,
+                requests: ts.len(),
+                p50: percentile(&shares, 50.0),
+                p95: percentile(&shares, 95.0),
+                held_ms_mean: ts.iter().map(|t| t.held_ms).sum::<f64>() / n,
+                release_ms_mean: ts.iter().map(|t| t.release_ms).sum::<f64>() / n,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.p95.total_cmp(&a.p95));
+    out
 }
 
 impl DensityResult {
@@ -175,7 +224,20 @@ async fn one(
         .collect();
     shares.sort_by(f64::total_cmp);
     let total = |a: &Arm| a.session_s.iter().sum::<f64>();
+    let by_decision = by_decision(&selective.runs);
+    for e in &by_decision {
+        progress(&format!(
+            "density {n}: {:>8} {:>5} request(s), exposed p50 {:.3}% p95 {:.3}%, held {:.1} ms, release {:.1} ms (means)",
+            e.decision,
+            e.requests,
+            e.p50 * 100.0,
+            e.p95 * 100.0,
+            e.held_ms_mean,
+            e.release_ms_mean
+        ));
+    }
     Ok(DensityResult {
+        by_decision,
         sessions: n,
         probed,
         exposed_p50: percentile(&shares, 50.0),
