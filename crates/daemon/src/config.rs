@@ -237,6 +237,11 @@ pub struct DaemonArgs {
     /// version taken is whole.
     #[arg(long, default_value_t = 60, value_name = "N")]
     pub turn_versions_per_minute: u32,
+    /// Checkpoint dumps that may run at once, host-wide (the engine's
+    /// workers, docs/engine.md "The scheduler"). 0: half the cores, at
+    /// least one.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub checkpoint_workers: usize,
     /// The most sessions drumsd holds at once, warm pools' members included
     /// (docs/pools.md); a create, restore or pool refill past it is refused
     /// with 409. 0: no limit but the subnet's addresses and the caps.
@@ -311,6 +316,7 @@ impl DaemonArgs {
             image_layer_max: self.image_layer_max,
             ready_timeout: Duration::from_secs(self.ready_timeout),
             turn_versions_per_minute: self.turn_versions_per_minute,
+            checkpoint_workers: (self.checkpoint_workers > 0).then_some(self.checkpoint_workers),
             max_sessions: (self.max_sessions > 0).then_some(self.max_sessions),
         })
     }

@@ -1356,3 +1356,121 @@ async fn a_turn_after_a_version_that_changed_nothing_takes_none() {
     d.rm(&s.id).await.unwrap();
     d.stop_and_check_leaks();
 }
+
+/// A version job gives its scheduler worker back once CRIU has captured the
+/// session (docs/engine.md, "The scheduler"): with one worker, session A's
+/// process version held after its images were written out (the fault point
+/// `version.manifest`, which comes after the copy) holds up no other
+/// session's version, while A itself takes nothing new until that job is
+/// done. Then drumsd is killed with A's job still held: only done versions
+/// remain, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_being_written_out_leaves_the_worker_to_another_sessions_dump() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut d = TestDaemon::start_with(&["--checkpoint-workers", "1"]);
+    let subnet = d.subnet();
+    for name in ["wa", "wb"] {
+        d.create(&CreateSession {
+            name: Some(name.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let a1 = took(&turn(&d, "wa", SERVER, Policy::Selective).await);
+    let b1 = took(&turn(&d, "wb", SERVER, Policy::Selective).await);
+
+    d.client
+        .call(
+            Method::POST,
+            "/v1/debug/faults",
+            Some(&drums_api::Fault {
+                point: Some("version.manifest".into()),
+                hold: true,
+            }),
+        )
+        .await
+        .unwrap();
+    d.client
+        .call(Method::POST, "/v1/sessions/wa/turn/begin", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(d.sh("wa", &ask_script("inc")).0, 0);
+    let held: TurnEffects = d
+        .client
+        .json(
+            Method::POST,
+            "/v1/sessions/wa/turn/end",
+            Some(&EndTurn {
+                checkpoint: true,
+                policy: Some(Policy::Selective),
+                wait: false,
+            }),
+        )
+        .await
+        .unwrap();
+    let held_job = held.checkpoint.unwrap().job.expect("a job was queued");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let held_version = loop {
+        let vs = versions(&d, "wa").await;
+        if let Some(v) = vs.iter().find(|v| v.id != a1.id) {
+            if v.state.as_str() == "versioning" {
+                break v.id.clone();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no version of wa reached versioning: {vs:#?}\n{}",
+            d.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    d.client
+        .call(
+            Method::POST,
+            "/v1/debug/faults",
+            Some(&drums_api::Fault {
+                point: None,
+                hold: false,
+            }),
+        )
+        .await
+        .unwrap();
+
+    // B's process version, on the one worker A's job gave back. Before,
+    // this waited behind A's job for as long as it was held.
+    let b2 = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        turn(&d, "wb", &ask_script("inc"), Policy::Selective),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("wb's version waited for wa's job\n{}", d.log()));
+    let b2 = took(&b2);
+    assert_eq!(b2.state, drums_api::VersionState::Done);
+    assert_eq!(b2.took, "process", "{b2:#?}");
+
+    // A's own next job waits for its held one.
+    let job: drums_api::Job = d
+        .client
+        .json(Method::GET, &format!("/v1/jobs/{held_job}"), None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(job.state, drums_api::JobState::Running, "{job:#?}");
+
+    d.kill9();
+    d.restart(&subnet);
+    let ids = |vs: Vec<SessionVersion>| vs.into_iter().map(|v| v.id).collect::<Vec<_>>();
+    assert_eq!(ids(versions(&d, "wa").await), [a1.id]);
+    assert_eq!(
+        ids(versions(&d, "wb").await),
+        [b1.id.clone(), b2.id.clone()]
+    );
+    assert_eq!(catalog_state(&d, &held_version), None, "the held row went");
+    assert!(!d.checkpoint_dir(&held_version).exists());
+    assert_eq!(ask(&d, "wa", "get"), "1", "wa's server lives on");
+    assert_eq!(ask(&d, "wb", "get"), "1");
+    for name in ["wa", "wb"] {
+        d.rm(name).await.unwrap();
+    }
+    d.stop_and_check_leaks();
+}

@@ -18,7 +18,11 @@
 //!   `max(1, available_parallelism / 2)`: a checkpoint is CPU- and
 //!   IO-heavy (CRIU walks and copies memory), and using every core for it
 //!   would starve the sessions themselves. On a 2-core host that is one
-//!   worker.
+//!   worker. A job may give its worker back before it is done
+//!   ([`Job::run`]'s [`Worker`]): drumsd's does once CRIU has captured the
+//!   session, so the next session's dump overlaps with this one's images
+//!   being copied, checksummed and synced. The session itself stays busy
+//!   (the rule below) until the job is done.
 //! - **A session's jobs run in turn order, one at a time.** A job never
 //!   starts while an earlier job of its session runs, even with a free
 //!   worker: two dumps of one process tree cannot run at once, and a later
@@ -43,7 +47,7 @@
 //!   below) is an error. A merge with a high-priority submission promotes
 //!   the queued job the same way.
 //! - **Back-pressure.** When the number of queued (not running) jobs is at or
-//!   above [`Config::high_water`] (default 4 × workers), a submit that would
+//!   above [`Config::high_water`] (default [`HIGH_WATER`]), a submit that would
 //!   queue a new job waits until the queue is below the mark again, up to
 //!   [`Config::max_wait`] (default 10 s), then fails with
 //!   [`EngineError::Busy`] (drumsd answers 503). Waiting first absorbs a
@@ -107,7 +111,46 @@ pub trait Job: Send + 'static {
 
     /// Do the work. The future should resolve only once its result is
     /// durable: waiters are answered as soon as it does.
-    fn run(self) -> BoxFuture<'static, Result<Self::Output, Self::Error>>;
+    ///
+    /// `worker` is the job's hold on one of the scheduler's workers: the
+    /// work keeps it for as long as it needs one, and drops it (or calls
+    /// [`Worker::release`]) when what is left is not the workers' to bound,
+    /// such as writing out what it captured. The worker then takes the next
+    /// job; this one's session stays busy until the future resolves.
+    fn run(self, worker: Worker) -> BoxFuture<'static, Result<Self::Output, Self::Error>>;
+}
+
+/// A job's hold on a scheduler worker; see [`Job::run`]. Dropping it
+/// releases the worker.
+#[derive(Debug)]
+pub struct Worker {
+    free: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Worker {
+    pub(crate) fn new() -> (Worker, tokio::sync::oneshot::Receiver<()>) {
+        let (free, freed) = tokio::sync::oneshot::channel();
+        (Worker { free: Some(free) }, freed)
+    }
+
+    /// Lets the worker take the next job while this one goes on.
+    pub fn release(mut self) {
+        self.free_it();
+    }
+
+    fn free_it(&mut self) {
+        if let Some(free) = self.free.take() {
+            // The worker may have gone (the scheduler shut down): then there
+            // is nobody to tell.
+            let _ = free.send(());
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.free_it();
+    }
 }
 
 /// A job's id; merged submissions keep their own ids, which resolve to the
@@ -155,13 +198,23 @@ pub struct Config {
     pub retain_finished: usize,
 }
 
+/// The default back-pressure mark. A session has at most one queued job
+/// (merges), so the queue is bounded by the sessions; the mark is for a host
+/// with more sessions than its checkpoints can keep up with, not for the
+/// burst of many sessions ending turns at once. It was `4 × workers` (4 on a
+/// 2-core host): at 128 sessions, turn ends then waited for room, up to the
+/// 10 s bound and a 503 (the version lost, the next one full), and that
+/// wait was three quarters of the agents' exposed delay (docs/engine.md,
+/// "The scheduler").
+pub const HIGH_WATER: usize = 256;
+
 impl Default for Config {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = (cores / 2).max(1);
         Config {
             workers,
-            high_water: 4 * workers,
+            high_water: HIGH_WATER.max(4 * workers),
             max_wait: Duration::from_secs(10),
             retain_finished: 1024,
         }

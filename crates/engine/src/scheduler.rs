@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::state::{DoneRx, Started, State, Waitable};
 use crate::{
     CancelReason, Config, EngineError, Failure, Finished, Job, JobId, Metrics, Outcome, Priority,
-    Promoted, Status, Submitted,
+    Promoted, Status, Submitted, Worker,
 };
 
 struct Shared<J: Job> {
@@ -227,14 +227,24 @@ async fn work<J: Job>(shared: Arc<Shared<J>>) {
         };
         shared.room.notify_waiters();
         let id = started.id;
-        let outcome = run(started).await;
-        shared.lock().finish(id, outcome);
-        // The session's next job may be runnable now.
-        shared.work.notify_waiters();
+        let (worker, freed) = Worker::new();
+        let finisher = Arc::clone(&shared);
+        // The job finishes on its own task: it may release this worker
+        // before it is done (Job::run), and the session stays busy until
+        // it is.
+        tokio::spawn(async move {
+            let outcome = run(started, worker).await;
+            finisher.lock().finish(id, outcome);
+            // The session's next job may be runnable now.
+            finisher.work.notify_waiters();
+        });
+        // Released, or dropped with the job's work (done, failed or
+        // panicked).
+        let _ = freed.await;
     }
 }
 
-async fn run<J: Job>(started: Started<J>) -> Outcome<J> {
+async fn run<J: Job>(started: Started<J>, worker: Worker) -> Outcome<J> {
     let Started {
         id,
         job,
@@ -247,7 +257,7 @@ async fn run<J: Job>(started: Started<J>) -> Outcome<J> {
     tracing::debug!(%id, session, ?priority, ?queued_for, "checkpoint job started");
     // Its own task, so that a panic in the work (or in building it) ends
     // that task and not the worker.
-    let result = tokio::spawn(async move { job.run().await }).await;
+    let result = tokio::spawn(async move { job.run(worker).await }).await;
     let metrics = Metrics {
         queued_for,
         ran_for: started_at.elapsed(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use drums_engine::{
     CancelReason, Config, EngineError, Failure, Job, JobId, Priority, Promoted, Scheduler, Status,
+    Worker,
 };
 use futures::future::BoxFuture;
 use futures::{poll, FutureExt};
@@ -33,6 +34,9 @@ struct TestJob {
     session: String,
     turns: Vec<u32>,
     gate: Option<oneshot::Receiver<()>>,
+    /// Gives its worker back before waiting on its gate, as drumsd's job
+    /// does once CRIU has captured the session.
+    releases: bool,
     ending: Ending,
     log: Arc<Mutex<Vec<String>>>,
     merges: Merges,
@@ -61,15 +65,21 @@ impl Job for TestJob {
         self.turns.extend(newer.turns);
     }
 
-    fn run(self) -> BoxFuture<'static, Result<Vec<u32>, Refused>> {
+    fn run(self, worker: Worker) -> BoxFuture<'static, Result<Vec<u32>, Refused>> {
         async move {
             let label = self.label();
             self.log.lock().unwrap().push(format!("start {label}"));
+            let mut worker = Some(worker);
+            if self.releases {
+                self.log.lock().unwrap().push(format!("release {label}"));
+                worker.take().expect("held").release();
+            }
             if let Some(gate) = self.gate {
                 // A dropped sender opens the gate too.
                 let _ = gate.await;
             }
             self.log.lock().unwrap().push(format!("end {label}"));
+            drop(worker);
             match self.ending {
                 Ending::Succeed => Ok(self.turns),
                 Ending::Fail => Err(Refused(self.turns[0])),
@@ -92,6 +102,7 @@ impl Harness {
             session: session.to_owned(),
             turns: vec![turn],
             gate: None,
+            releases: false,
             ending: Ending::Succeed,
             log: Arc::clone(&self.log),
             merges: Arc::clone(&self.merges),
@@ -228,6 +239,63 @@ async fn a_sessions_next_job_waits_for_its_running_one_even_with_a_free_worker()
     let end_a1 = log.iter().position(|l| l == "end A1").unwrap();
     let start_a2 = log.iter().position(|l| l == "start A2").unwrap();
     assert!(end_a1 < start_a2, "{log:?}");
+}
+
+#[tokio::test]
+async fn a_job_that_gives_its_worker_back_lets_another_session_run_but_not_its_own() {
+    let h = Harness::default();
+    let sched = Scheduler::new(config(1, 16)).unwrap();
+    let (a1_job, open) = h.gated("A", 1);
+    let a1 = submit(
+        &sched,
+        TestJob {
+            releases: true,
+            ..a1_job
+        },
+        Priority::Normal,
+    )
+    .await;
+    until_running(&sched, a1).await;
+    let a2 = submit(&sched, h.job("A", 2), Priority::High).await;
+    let b1 = submit(&sched, h.job("B", 1), Priority::Normal).await;
+
+    // The one worker, given back by A1 (still running), took B1, and passed
+    // A2 over: A's jobs run one at a time whoever holds a worker.
+    tokio::time::timeout(Duration::from_secs(5), output(&sched, b1))
+        .await
+        .expect("B1 ran on the worker A1 gave back");
+    assert_eq!(sched.status(a1).unwrap(), Status::Running);
+    assert!(matches!(sched.status(a2).unwrap(), Status::Queued { .. }));
+
+    open.send(()).unwrap();
+    assert_eq!(output(&sched, a2).await, [2]);
+    assert_eq!(
+        h.log(),
+        [
+            "start A1",
+            "release A1",
+            "start B1",
+            "end B1",
+            "end A1",
+            "start A2",
+            "end A2"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_job_that_keeps_its_worker_holds_it_to_its_end() {
+    let h = Harness::default();
+    let (sched, gate, open) = blocked(&h, config(1, 16)).await;
+    let b1 = submit(&sched, h.job("B", 1), Priority::Normal).await;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(matches!(sched.status(b1).unwrap(), Status::Queued { .. }));
+    open.send(()).unwrap();
+    output(&sched, b1).await;
+    output(&sched, gate).await;
+    assert_eq!(h.starts(), ["G0", "B1"]);
 }
 
 #[tokio::test]
@@ -584,11 +652,15 @@ async fn a_config_that_could_never_run_a_job_is_refused() {
 }
 
 #[test]
-fn the_default_config_uses_half_the_cores_and_four_jobs_of_queue_each() {
+fn the_default_config_uses_half_the_cores_and_a_queue_for_every_session_of_a_dense_host() {
     let cores = std::thread::available_parallelism().unwrap().get();
     let cfg = Config::default();
     assert_eq!(cfg.workers, (cores / 2).max(1));
-    assert_eq!(cfg.high_water, 4 * cfg.workers);
+    assert_eq!(
+        cfg.high_water,
+        drums_engine::HIGH_WATER.max(4 * cfg.workers)
+    );
+    assert!(cfg.high_water >= 128);
 }
 
 #[test]

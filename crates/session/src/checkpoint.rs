@@ -253,9 +253,10 @@ impl Manager {
         ver: &VersionRecord,
         owner: &str,
         mut plan: Plan,
+        mut worker: Option<drums_engine::Worker>,
     ) -> Result<Manifest, SessionError> {
         if plan.light.is_some() {
-            match self.take(rec, pid, ver, owner, &plan).await? {
+            match self.take(rec, pid, ver, owner, &plan, &mut worker).await? {
                 Taken::Made(m) => return Ok(*m),
                 Taken::NotLight(why) => {
                     info!(session = %rec.name, "version {}: not light, taken whole: {why}", ver.id);
@@ -267,7 +268,7 @@ impl Manager {
         }
         let dumps = plan.took != Took::Files;
         let aside = dumps && self.inspect_set_aside(&rec.name);
-        let result = match self.take(rec, pid, ver, owner, &plan).await {
+        let result = match self.take(rec, pid, ver, owner, &plan, &mut worker).await {
             Ok(Taken::Made(m)) => Ok(*m),
             Ok(Taken::NotLight(_)) => unreachable!("only a light plan is refused as one"),
             Err(e) => Err(e),
@@ -287,6 +288,7 @@ impl Manager {
         ver: &VersionRecord,
         owner: &str,
         plan: &Plan,
+        worker: &mut Option<drums_engine::Worker>,
     ) -> Result<Taken, SessionError> {
         let started = Instant::now();
         self.host.faults.check("checkpoint.dir")?;
@@ -378,6 +380,13 @@ impl Manager {
                     )
                     .await?;
                 if let Some(staged) = staging {
+                    // The session is captured (and thawed). What is left,
+                    // copying its images with their checksums and fsyncs
+                    // and syncing the store, is not CRIU's: the
+                    // scheduler's worker goes to the next session's dump
+                    // meanwhile (drums_engine, "A bounded pool of
+                    // workers"). This session's next job still waits.
+                    drop(worker.take());
                     committed = Some(self.commit(staged, &images, plan.head.as_ref()).await?);
                 }
                 info.held = held;

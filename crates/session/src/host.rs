@@ -72,6 +72,9 @@ pub struct ManagerConfig {
     /// Versions a session's turn ends may take per minute (drumsd's
     /// `--turn-versions-per-minute`).
     pub turn_versions_per_minute: u32,
+    /// Checkpoint dumps at once, host-wide (drumsd's
+    /// `--checkpoint-workers`); `None`: the engine's default.
+    pub checkpoint_workers: Option<usize>,
     /// The most sessions held at once, pools' members included (drumsd's
     /// `--max-sessions`); `None`: no such limit.
     pub max_sessions: Option<u64>,

@@ -46,7 +46,10 @@ impl Manager {
     pub async fn start(cfg: ManagerConfig) -> Result<Manager, SessionError> {
         let host = Arc::new(Host::open(cfg).await?);
         let m = Manager {
-            versions: crate::versions::Versions::new(host.cfg.turn_versions_per_minute)?,
+            versions: crate::versions::Versions::new(
+                host.cfg.turn_versions_per_minute,
+                host.cfg.checkpoint_workers,
+            )?,
             checkpoints: Default::default(),
             guest_streams: Default::default(),
             turns: crate::inspect::Turns::new(&host.cfg.cgroup_parent),

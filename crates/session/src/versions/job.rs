@@ -63,6 +63,7 @@ pub(crate) trait TakeVersion: Send + Sync {
     fn take_version(
         self: Arc<Self>,
         job: VersionJob,
+        worker: drums_engine::Worker,
     ) -> BoxFuture<'static, Result<Manifest, SessionError>>;
 }
 
@@ -112,14 +113,17 @@ impl drums_engine::Job for VersionJob {
         self.leave_running &= newer.leave_running;
     }
 
-    fn run(self) -> BoxFuture<'static, Result<Arc<Manifest>, Arc<SessionError>>> {
+    fn run(
+        self,
+        worker: drums_engine::Worker,
+    ) -> BoxFuture<'static, Result<Arc<Manifest>, Arc<SessionError>>> {
         Box::pin(async move {
             let taker = self
                 .taker
                 .upgrade()
                 .ok_or_else(|| Arc::new(SessionError::Invalid("drumsd is stopping".into())))?;
             taker
-                .take_version(self)
+                .take_version(self, worker)
                 .await
                 .map(Arc::new)
                 .map_err(Arc::new)
@@ -131,8 +135,9 @@ impl TakeVersion for Manager {
     fn take_version(
         self: Arc<Self>,
         job: VersionJob,
+        worker: drums_engine::Worker,
     ) -> BoxFuture<'static, Result<Manifest, SessionError>> {
-        Box::pin(async move { self.run_version_job(job).await })
+        Box::pin(async move { self.run_version_job(job, worker).await })
     }
 }
 
@@ -155,7 +160,11 @@ impl Manager {
         me
     }
 
-    async fn run_version_job(self: &Arc<Self>, job: VersionJob) -> Result<Manifest, SessionError> {
+    async fn run_version_job(
+        self: &Arc<Self>,
+        job: VersionJob,
+        worker: drums_engine::Worker,
+    ) -> Result<Manifest, SessionError> {
         let (rec, pid) = self.host.running(&job.session_id)?;
         let pos = self.versions.position(&rec.id);
         let head = match &pos.at {
@@ -252,7 +261,10 @@ impl Manager {
                 last_pid: None,
             },
         };
-        match self.make_version(&rec, pid, &ver, &owner, plan).await {
+        match self
+            .make_version(&rec, pid, &ver, &owner, plan, Some(worker))
+            .await
+        {
             Ok(m) => {
                 let info = m.version.as_ref().expect("a version has its info");
                 self.host.catalog.publish_version(
@@ -266,7 +278,16 @@ impl Manager {
                     p.at = Some(id.clone());
                     p.needs_full = false;
                 });
-                info!(session = %rec.name, version = info.number, took = info.took.as_str(), "version done");
+                let cost = info.process.as_ref().or(info.files.as_ref());
+                info!(
+                    session = %rec.name,
+                    version = info.number,
+                    took = info.took.as_str(),
+                    dump_ms = m.dump_ms,
+                    frozen_ms = m.frozen_ms,
+                    total_ms = cost.map_or(0.0, |c| c.total_ms),
+                    "version done"
+                );
                 // Off the job: its waiter (an agent's held LLM answer) need
                 // not wait for old versions' subvolumes to be deleted.
                 let (me, sid, name) = (Arc::clone(self), rec.id.clone(), rec.name.clone());

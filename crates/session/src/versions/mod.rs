@@ -58,9 +58,17 @@ pub(crate) struct Versions {
 }
 
 impl Versions {
-    pub(crate) fn new(turn_versions_per_minute: u32) -> Result<Versions, SessionError> {
+    pub(crate) fn new(
+        turn_versions_per_minute: u32,
+        workers: Option<usize>,
+    ) -> Result<Versions, SessionError> {
+        let mut config = drums_engine::Config::default();
+        if let Some(n) = workers {
+            config.workers = n;
+            config.high_water = config.high_water.max(4 * n);
+        }
         Ok(Versions {
-            engine: drums_engine::Scheduler::new(drums_engine::Config::default())?,
+            engine: drums_engine::Scheduler::new(config)?,
             positions: Default::default(),
             retaining: Default::default(),
             budget: crate::budget::Budget::per_minute(turn_versions_per_minute),
