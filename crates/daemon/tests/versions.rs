@@ -373,6 +373,22 @@ async fn bad_input_is_refused_and_changes_nothing() {
     d.stop_and_check_leaks();
 }
 
+/// Arms `point` (to fail, or with `hold` to park there), or disarms with
+/// `None`.
+async fn fault(d: &TestDaemon, point: Option<&str>, hold: bool) {
+    d.client
+        .call(
+            Method::POST,
+            "/v1/debug/faults",
+            Some(&drums_api::Fault {
+                point: point.map(Into::into),
+                hold,
+            }),
+        )
+        .await
+        .unwrap();
+}
+
 fn catalog_state(d: &TestDaemon, id: &str) -> Option<String> {
     drums_catalog::Catalog::open(&d.state.path().join("catalog.db"))
         .unwrap()
@@ -425,17 +441,7 @@ async fn kill9_in_each_lifecycle_state_leaves_only_done_versions_and_recover_bri
         ("checkpoint.criu", "dumping"),
         ("version.manifest", "versioning"),
     ] {
-        d.client
-            .call(
-                Method::POST,
-                "/v1/debug/faults",
-                Some(&drums_api::Fault {
-                    point: Some(point.into()),
-                    hold: true,
-                }),
-            )
-            .await
-            .unwrap();
+        fault(&d, Some(point), true).await;
         d.client
             .call(Method::POST, "/v1/sessions/life/turn/begin", None::<&()>)
             .await
@@ -1381,17 +1387,7 @@ async fn a_version_being_written_out_leaves_the_worker_to_another_sessions_dump(
     let a1 = took(&turn(&d, "wa", SERVER, Policy::Selective).await);
     let b1 = took(&turn(&d, "wb", SERVER, Policy::Selective).await);
 
-    d.client
-        .call(
-            Method::POST,
-            "/v1/debug/faults",
-            Some(&drums_api::Fault {
-                point: Some("version.manifest".into()),
-                hold: true,
-            }),
-        )
-        .await
-        .unwrap();
+    fault(&d, Some("version.manifest"), true).await;
     d.client
         .call(Method::POST, "/v1/sessions/wa/turn/begin", None::<&()>)
         .await
@@ -1426,17 +1422,7 @@ async fn a_version_being_written_out_leaves_the_worker_to_another_sessions_dump(
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
-    d.client
-        .call(
-            Method::POST,
-            "/v1/debug/faults",
-            Some(&drums_api::Fault {
-                point: None,
-                hold: false,
-            }),
-        )
-        .await
-        .unwrap();
+    fault(&d, None, false).await;
 
     // B's process version, on the one worker A's job gave back. Before,
     // this waited behind A's job for as long as it was held.

@@ -208,16 +208,23 @@ pub struct Config {
 /// "The scheduler").
 pub const HIGH_WATER: usize = 256;
 
-impl Default for Config {
-    fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let workers = (cores / 2).max(1);
+impl Config {
+    /// The defaults, with `workers` workers (at least one).
+    pub fn with_workers(workers: usize) -> Config {
+        let workers = workers.max(1);
         Config {
             workers,
             high_water: HIGH_WATER.max(4 * workers),
             max_wait: Duration::from_secs(10),
             retain_finished: 1024,
         }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Config::with_workers(cores / 2)
     }
 }
 

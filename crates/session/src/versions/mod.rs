@@ -62,11 +62,10 @@ impl Versions {
         turn_versions_per_minute: u32,
         workers: Option<usize>,
     ) -> Result<Versions, SessionError> {
-        let mut config = drums_engine::Config::default();
-        if let Some(n) = workers {
-            config.workers = n;
-            config.high_water = config.high_water.max(4 * n);
-        }
+        let config = workers.map_or_else(
+            drums_engine::Config::default,
+            drums_engine::Config::with_workers,
+        );
         Ok(Versions {
             engine: drums_engine::Scheduler::new(config)?,
             positions: Default::default(),
